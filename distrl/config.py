@@ -1,0 +1,223 @@
+"""Typed configuration: one dataclass per concern, validated on construction.
+
+Defaults are the papers' values with the citation beside them; YAML files under
+``experiments/`` only override. Every check raises :class:`ConfigError` naming
+the field and what is allowed, so a bad command line fails with one clear line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration value is outside what its field allows."""
+
+
+def check_positive(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is a number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_non_negative(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is a number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """Raise ConfigError unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def check_unit_interval(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` lies in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name} must lie in [0, 1], got {value!r}")
+
+
+PROTOCOLS = ("deepmind", "machado")
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to run and its preprocessing.
+
+    Atari defaults follow the DQN/IMPALA conventions (Mnih et al. 2015; Espeholt et al.
+    2018): 84x84 grayscale, 4-frame stack, action repeat 4 with a max over the last two
+    frames, up to 30 no-op starts, 108,000-frame episode cap, minimal action set,
+    no sticky actions, no episodic life. ``protocol: machado`` switches to Machado et
+    al. 2018 (sticky actions 0.25, full action set) unless those fields are set.
+    """
+
+    id: str = "Pong"  # an Atari game (Pong, MsPacman, ...) or a registered gymnasium id
+    protocol: str = "deepmind"  # deepmind | machado
+    frame_skip: int = 4  # action repeat (Mnih et al. 2015)
+    frame_stack: int = 4  # frames stacked into one observation
+    image_size: int = 84  # observations are image_size x image_size
+    grayscale: bool = True
+    max_pool: bool = True  # max over the last two frames of each repeat
+    noop_max: int = 30  # up to this many no-op actions at episode start
+    max_episode_frames: int = 108_000  # 30 minutes of play at 60 Hz
+    repeat_action_probability: Optional[float] = None  # None: 0 (deepmind) or 0.25 (machado)
+    full_action_space: Optional[bool] = None  # None: minimal (deepmind) or full (machado)
+    episodic_life: bool = False  # end episodes on life loss (a training trick, off in the papers)
+    fire_reset: bool = False  # press FIRE after reset (a baselines trick, off in the papers)
+    imports: list[str] = field(default_factory=list)  # modules that register user envs
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ConfigError(f"env.id must be a non-empty string, got {self.id!r}")
+        check_choice("env.protocol", self.protocol, PROTOCOLS)
+        for name in ("frame_skip", "frame_stack", "image_size", "max_episode_frames"):
+            check_positive(f"env.{name}", getattr(self, name))
+        check_non_negative("env.noop_max", self.noop_max)
+        if self.repeat_action_probability is not None:
+            check_unit_interval("env.repeat_action_probability", self.repeat_action_probability)
+
+    @property
+    def sticky_action_probability(self) -> float:
+        """Sticky-action probability after applying the protocol default."""
+        if self.repeat_action_probability is not None:
+            return float(self.repeat_action_probability)
+        return 0.25 if self.protocol == "machado" else 0.0
+
+    @property
+    def use_full_action_space(self) -> bool:
+        """Whether the full 18-action set is used, after applying the protocol default."""
+        if self.full_action_space is not None:
+            return bool(self.full_action_space)
+        return self.protocol == "machado"
+
+
+OPTIMIZERS = ("rmsprop", "adam")
+LR_SCHEDULES = ("linear", "constant")
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer and gradient clipping; defaults are IMPALA's (Espeholt et al. 2018, Table G.1)."""
+
+    name: str = "rmsprop"  # rmsprop | adam
+    lr: float = 0.0006  # IMPALA Atari learning rate
+    lr_schedule: str = "linear"  # linear: decay to 0 over total_frames (IMPALA); constant
+    alpha: float = 0.99  # RMSProp decay
+    eps: float = 0.01  # RMSProp / Adam epsilon
+    momentum: float = 0.0  # RMSProp momentum
+    centered: bool = False  # centered RMSProp (Ape-X uses it)
+    beta1: float = 0.9  # Adam only
+    beta2: float = 0.999  # Adam only
+    max_grad_norm: float = 40.0  # global-norm gradient clipping
+
+    def __post_init__(self) -> None:
+        check_choice("optimizer.name", self.name, OPTIMIZERS)
+        check_choice("optimizer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_positive("optimizer.lr", self.lr)
+        check_positive("optimizer.eps", self.eps)
+        check_positive("optimizer.max_grad_norm", self.max_grad_norm)
+        check_non_negative("optimizer.momentum", self.momentum)
+        check_unit_interval("optimizer.alpha", self.alpha)
+
+
+TORSOS = ("auto", "nature", "resnet", "mlp")
+
+
+@dataclass
+class ModelConfig:
+    """Network shape. ``torso: auto`` picks the Nature CNN for images and an MLP otherwise."""
+
+    torso: str = "auto"  # auto | nature (shallow IMPALA) | resnet (deep IMPALA) | mlp
+    hidden_size: int = 256  # MLP width, and the core input width of the CNN torsos' last layer
+    mlp_layers: int = 2
+    use_lstm: bool = False  # optional LSTM core between torso and heads
+    lstm_size: int = 256
+
+    def __post_init__(self) -> None:
+        check_choice("model.torso", self.torso, TORSOS)
+        check_positive("model.hidden_size", self.hidden_size)
+        check_positive("model.mlp_layers", self.mlp_layers)
+        check_positive("model.lstm_size", self.lstm_size)
+
+
+@dataclass
+class DistributedConfig:
+    """Process topology on one host. ``actors: 0`` runs actor and learner in one process."""
+
+    actors: int = 2  # actor processes; 0 = serial mode (one process, for debugging and tests)
+    envs_per_actor: int = 32  # environments each actor steps as one batch
+    env_groups: int = 2  # envs split into groups stepped while the policy runs on another
+    env_threads: int = 1  # threads of each Atari vector env group
+    learner_threads: int = 1  # torch threads in the learner process
+    actor_threads: int = 1  # torch threads in each actor process
+    slots: int = 0  # shared unroll slots; 0 = 2 x the slots one batch needs x actors
+    start_timeout_s: float = 120.0  # how long to wait for actors to produce their first unroll
+
+    def __post_init__(self) -> None:
+        check_non_negative("distributed.actors", self.actors)
+        for name in ("envs_per_actor", "env_groups", "env_threads", "learner_threads",
+                     "actor_threads", "start_timeout_s"):
+            check_positive(f"distributed.{name}", getattr(self, name))
+        check_non_negative("distributed.slots", self.slots)
+        if self.envs_per_actor % self.env_groups:
+            raise ConfigError(
+                f"distributed.envs_per_actor ({self.envs_per_actor}) must be a multiple of "
+                f"distributed.env_groups ({self.env_groups})"
+            )
+
+
+@dataclass
+class LogConfig:
+    """Where and how often to report."""
+
+    dir: str = "runs"  # tensorboard and checkpoints go under dir/<name>
+    name: str = ""  # run name; empty: <agent>-<env>-seed<seed>
+    interval_s: float = 5.0  # console report and scalar flush period
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        check_positive("log.interval_s", self.interval_s)
+
+
+@dataclass
+class CheckpointConfig:
+    """Periodic atomic checkpoints."""
+
+    interval_s: float = 600.0  # seconds between checkpoints; the final one is always written
+    keep: int = 2  # how many recent checkpoints to keep
+    replay: bool = False  # also store replay buffers (replay-based agents)
+
+    def __post_init__(self) -> None:
+        check_positive("checkpoint.interval_s", self.interval_s)
+        check_positive("checkpoint.keep", self.keep)
+
+
+@dataclass
+class RunConfig:
+    """One experiment: which agent on which env, for how long, in which topology."""
+
+    agent: Any = MISSING  # one of the agents' configs (see agents/__init__.py)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    seed: int = 0
+    total_frames: int = 200_000_000  # IMPALA's Atari budget; env frames (agent steps x frame_skip)
+    resume: Optional[str] = None  # path of a checkpoint (or a run directory) to continue from
+
+    def __post_init__(self) -> None:
+        check_positive("total_frames", self.total_frames)
+        check_non_negative("seed", self.seed)
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (agents register their own)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="env", name="env_schema", node=EnvConfig)
