@@ -1,0 +1,357 @@
+"""Environments: one batched interface, :class:`VectorEnv`, over Atari and any gymnasium env.
+
+``make_envs(cfg, num_envs, seed)`` returns ``N`` environments stepped as one batch.
+Atari games run in ale-py's C++ threaded vector env (``send`` returns at once, ``recv``
+waits); any other registered gymnasium id with a Discrete action space runs in a
+``SyncVectorEnv`` in this process. Both autoreset in the same step and report each
+finished episode's raw score and length, summed here from unclipped rewards, so the
+numbers logged are the game's own scores whatever a loss later does to the rewards.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import re
+from typing import Any
+
+import gymnasium
+import numpy as np
+from ale_py import roms
+from ale_py.vector_env import AtariVectorEnv
+
+from distrl.config import ConfigError, EnvConfig
+from distrl.types import EnvStep
+
+# "ALE/Pong-v5", "PongNoFrameskip-v4", "PongDeterministic-v4" all name the ROM "pong".
+_GYM_ATARI_SUFFIX = re.compile(r"(NoFrameskip|Deterministic)?-v\d+$")
+
+
+@functools.cache
+def _roms_by_key() -> dict[str, str]:
+    """ALE ROM ids keyed by their name without underscores, lower case."""
+    return {rom.replace("_", ""): rom for rom in roms.get_all_rom_ids()}
+
+
+def _rom_key(env_id: str) -> str:
+    name = _GYM_ATARI_SUFFIX.sub("", env_id.removeprefix("ALE/"))
+    # Dropping underscores and case makes "MsPacman", "ms_pacman" and "TicTacToe3D"
+    # ("tic_tac_toe_3d") meet without a CamelCase splitter that digits would trip.
+    return name.replace("_", "").lower()
+
+
+def atari_rom(env_id: str) -> str | None:
+    """The ALE ROM id (e.g. ``"ms_pacman"``) that ``env_id`` names, or None if it names none."""
+    return _roms_by_key().get(_rom_key(env_id))
+
+
+def is_atari(env_id: str) -> bool:
+    """True if ``env_id`` names an ALE ROM: "Pong", "ms_pacman", "ALE/MsPacman-v5", ..."""
+    return atari_rom(env_id) is not None
+
+
+class VectorEnv:
+    """``num_envs`` environments stepped as one batch, autoresetting in the same step.
+
+    Subclasses implement ``_reset``, ``_send``, ``_recv`` and ``_close``; this class checks
+    the call order and the actions, and keeps each env's running raw return and length.
+    """
+
+    num_envs: int
+    observation_shape: tuple[int, ...]
+    observation_dtype: np.dtype  # uint8 for Atari, float32 otherwise
+    num_actions: int  # discrete actions 0 .. num_actions - 1
+    frames_per_step: int  # env frames per agent step: the frame skip for Atari, 1 otherwise
+
+    def __init__(
+        self,
+        num_envs: int,
+        observation_shape: tuple[int, ...],
+        observation_dtype: np.dtype,
+        num_actions: int,
+        frames_per_step: int,
+        seed: int,
+    ) -> None:
+        self.num_envs = num_envs
+        self.observation_shape = tuple(observation_shape)
+        self.observation_dtype = np.dtype(observation_dtype)
+        self.num_actions = num_actions
+        self.frames_per_step = frames_per_step
+        self._seed = int(seed)
+        self._seeded = False
+        self._started = False
+        self._pending = False
+        self._closed = False
+        self._returns = np.zeros(num_envs, np.float64)
+        self._lengths = np.zeros(num_envs, np.int64)
+
+    def reset(self) -> np.ndarray:
+        """Start a new episode in every env; returns observations ``[N, *obs_shape]``.
+
+        The first reset seeds env ``i`` with ``seed + i``; later resets continue each env's
+        random stream, so a run is reproducible from its seed without replaying one episode.
+        """
+        self._check_open()
+        seed = None if self._seeded else self._seed
+        self._seeded = True
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        self._pending = False
+        self._started = True
+        return self._reset(seed)
+
+    def send(self, actions: np.ndarray) -> None:
+        """Start a step with ``actions`` ``[N]`` ints in ``[0, num_actions)``; recv() ends it."""
+        self._check_open()
+        if not self._started:
+            raise RuntimeError("call reset() before send()")
+        if self._pending:
+            raise RuntimeError("send() called twice without a recv() in between")
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,) or not np.issubdtype(actions.dtype, np.integer):
+            raise ValueError(
+                f"actions must be an integer array of shape ({self.num_envs},), "
+                f"got {actions.dtype} {actions.shape}"
+            )
+        if actions.min() < 0 or actions.max() >= self.num_actions:
+            raise ValueError(
+                f"actions must lie in [0, {self.num_actions}), got {actions.min()}..{actions.max()}"
+            )
+        self._send(actions.astype(np.int64, copy=False))
+        self._pending = True
+
+    def recv(self) -> EnvStep:
+        """Finish the step started by send; see :class:`distrl.types.EnvStep`."""
+        self._check_open()
+        if not self._pending:
+            raise RuntimeError("recv() called without a send() before it")
+        self._pending = False
+        observations, rewards, terminated, truncated = self._recv()
+        # Sum the rewards as the env gave them, in float64, before the float32 cast.
+        self._returns += np.asarray(rewards, np.float64)
+        self._lengths += 1
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        dones = terminated | truncated
+        episode_returns = np.where(dones, self._returns, np.nan)
+        episode_lengths = np.where(dones, self._lengths, 0)
+        self._returns[dones] = 0.0
+        self._lengths[dones] = 0
+        return EnvStep(
+            observations=observations,
+            rewards=np.asarray(rewards, np.float32),
+            terminated=terminated,
+            truncated=truncated,
+            episode_returns=episode_returns,
+            episode_lengths=episode_lengths,
+        )
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        """send(actions) then recv()."""
+        self.send(actions)
+        return self.recv()
+
+    def close(self) -> None:
+        """Release the environments (and ale-py's threads); calling it twice is harmless."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the environments are closed")
+
+    def _reset(self, seed: int | None) -> np.ndarray:
+        raise NotImplementedError
+
+    def _send(self, actions: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+def _atari_vector_env(**kwargs: Any) -> AtariVectorEnv:
+    """Build ale-py's vector env; one seam so tests can see exactly what reaches ale-py."""
+    return AtariVectorEnv(**kwargs)
+
+
+class AtariEnvs(VectorEnv):
+    """Atari games in ale-py's C++ vector env: threaded, preprocessed, uint8 frame stacks."""
+
+    def __init__(self, env: AtariVectorEnv, frames_per_step: int, seed: int) -> None:
+        super().__init__(
+            num_envs=env.num_envs,
+            observation_shape=env.single_observation_space.shape,
+            observation_dtype=np.uint8,
+            num_actions=int(env.single_action_space.n),
+            frames_per_step=frames_per_step,
+            seed=seed,
+        )
+        self._env = env
+        self._env_ids = np.arange(env.num_envs)
+
+    def _in_env_order(self, info: dict[str, Any], *arrays: np.ndarray) -> list[np.ndarray]:
+        # With batch_size == num_envs ale-py answers in env order; if it ever does not,
+        # sort rather than credit one env's reward to another.
+        env_ids = info["env_id"]
+        if np.array_equal(env_ids, self._env_ids):
+            return list(arrays)
+        order = np.argsort(env_ids)
+        return [a[order] for a in arrays]
+
+    def _reset(self, seed: int | None) -> np.ndarray:
+        observations, info = self._env.reset(seed=seed)
+        return self._in_env_order(info, observations)[0]
+
+    def _send(self, actions: np.ndarray) -> None:
+        self._env.send(actions)
+
+    def _recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        observations, rewards, terminated, truncated, info = self._env.recv()
+        return tuple(self._in_env_order(info, observations, rewards, terminated, truncated))
+
+    def _close(self) -> None:
+        self._env.close()
+        del self._env  # the C++ object owns the worker threads; drop it now, not at exit
+
+
+class GymEnvs(VectorEnv):
+    """Any registered gymnasium env with a Discrete action space, stepped in this process."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
+        env = gymnasium.vector.SyncVectorEnv(
+            [functools.partial(gymnasium.make, env_id)] * num_envs,
+            autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+        )
+        action_space = env.single_action_space
+        observation_shape = env.single_observation_space.shape
+        if not isinstance(action_space, gymnasium.spaces.Discrete) or observation_shape is None:
+            env.close()
+            raise ConfigError(
+                f"env.id: {env_id!r} has action space {action_space} and observation space "
+                f"{env.single_observation_space}; only Discrete actions and array "
+                "observations are supported"
+            )
+        super().__init__(
+            num_envs=num_envs,
+            observation_shape=observation_shape,
+            observation_dtype=np.float32,
+            num_actions=int(action_space.n),
+            frames_per_step=1,
+            seed=seed,
+        )
+        self._env = env
+        self._action_start = int(action_space.start)  # Discrete(n, start=k) acts in k .. k+n-1
+        self._actions: np.ndarray | None = None
+
+    def _reset(self, seed: int | None) -> np.ndarray:
+        observations, _ = self._env.reset(seed=seed)
+        return np.asarray(observations, np.float32)
+
+    def _send(self, actions: np.ndarray) -> None:
+        self._actions = actions + self._action_start
+
+    def _recv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        observations, rewards, terminated, truncated, _ = self._env.step(self._actions)
+        self._actions = None
+        return np.asarray(observations, np.float32), rewards, terminated, truncated
+
+    def _close(self) -> None:
+        self._env.close()
+
+
+def _import_user_modules(modules: list[str]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            raise ConfigError(f"env.imports: cannot import {name!r}: {e}") from e
+
+
+def _unknown_env(env_id: str) -> ConfigError:
+    # Compare case-insensitively so "pongg" still finds "Pong".
+    names = [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
+    names += list(gymnasium.registry)
+    by_lower = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(env_id.lower(), list(by_lower), n=1, cutoff=0.75)
+    hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+    return ConfigError(
+        f"env.id: unknown environment {env_id!r}; expected an Atari game name "
+        f"(e.g. Pong, Breakout) or a registered gymnasium id (e.g. CartPole-v1){hint}"
+    )
+
+
+def _gym_id(env_id: str) -> str:
+    """``env_id`` if gymnasium knows it (importing ``module`` of "module:Id" first)."""
+    if ":" in env_id:  # gymnasium.make's "module:EnvId" form; spec() does not import
+        module, env_id = env_id.split(":", 1)
+        _import_user_modules([module])
+    try:
+        gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        raise _unknown_env(env_id) from None
+    return env_id
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ConfigError(f"{name} must be positive, got {value!r}")
+
+
+def make_envs(cfg: EnvConfig, num_envs: int, seed: int, num_threads: int = 1) -> VectorEnv:
+    """``num_envs`` environments of ``cfg.id`` as one :class:`VectorEnv`.
+
+    Args:
+        cfg: which env and its preprocessing. An Atari name ("Pong", "ms_pacman",
+            "ALE/MsPacman-v5") runs in ale-py with every preprocessing field of ``cfg``
+            (the protocol defaults applied); any other id must be registered with
+            gymnasium, after importing ``cfg.imports``.
+        num_envs: batch size ``N``.
+        seed: env ``i`` is seeded with ``seed + i`` on the first reset.
+        num_threads: ale-py worker threads (Atari only).
+
+    Returns:
+        The environments, not yet reset. Rewards are never clipped.
+
+    Raises:
+        ConfigError: unknown id, unsupported spaces, a failed import, or a count <= 0.
+    """
+    _check_count("num_envs", num_envs)
+    _check_count("num_threads", num_threads)
+    _import_user_modules(cfg.imports)
+    rom = atari_rom(cfg.id)
+    if rom is None:
+        return GymEnvs(_gym_id(cfg.id), int(num_envs), seed)
+    env = _atari_vector_env(
+        game=rom,
+        num_envs=int(num_envs),
+        num_threads=min(int(num_threads), int(num_envs)),
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+        frameskip=cfg.frame_skip,
+        stack_num=cfg.frame_stack,
+        img_height=cfg.image_size,
+        img_width=cfg.image_size,
+        grayscale=cfg.grayscale,
+        maxpool=cfg.max_pool,
+        noop_max=cfg.noop_max,
+        max_num_frames_per_episode=cfg.max_episode_frames,
+        repeat_action_probability=cfg.sticky_action_probability,
+        full_action_space=cfg.use_full_action_space,
+        # ale-py restarts the whole game on a life loss here, so episode_returns
+        # are then per life, not per game.
+        episodic_life=cfg.episodic_life,
+        use_fire_reset=cfg.fire_reset,
+        reward_clipping=False,
+    )
+    return AtariEnvs(env, frames_per_step=cfg.frame_skip, seed=seed)
