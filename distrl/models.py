@@ -1,0 +1,347 @@
+"""Neural network parts: torsos (Nature CNN, IMPALA ResNet, MLP), an LSTM core, heads.
+
+No RL logic lives here: these modules map observations to features, features to a
+recurrent state, and features to policy logits and a state value. Sequence inputs are
+time-major ``[T, B, ...]``. Image observations are raw pixels (uint8 ``[.., C, H, W]``,
+C = frame stack) and are scaled by 1/255 inside the CNN torsos; vector observations
+are float.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+TORSOS = ("auto", "nature", "resnet", "mlp")
+
+LSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    """``size`` as ``(height, width)``; an int means a square image."""
+    if isinstance(size, int):
+        return size, size
+    height, width = size
+    return int(height), int(width)
+
+
+def _conv_out(size: int, kernel: int, stride: int, padding: int = 0) -> int:
+    """Spatial size after a convolution or pooling layer (floor division, as torch)."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def _scale_pixels(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Raw pixel values in [0, 255] (any dtype) -> [0, 1] in the dtype of ``like``.
+
+    The scaling depends on nothing but the values, so a float tensor of raw pixels is
+    treated exactly like the uint8 one.
+    """
+    return x.to(like.dtype) * (1.0 / 255.0)
+
+
+class NatureCNN(nn.Module):
+    """The DQN convolutional torso (Mnih et al. 2015, "Methods: Model architecture").
+
+    conv 32 8x8 stride 4, conv 64 4x4 stride 2, conv 64 3x3 stride 1, fc ``out_size``
+    (512 in the paper), ReLU after each. TorchBeast's AtariNet uses it as IMPALA's shallow
+    model. Input: raw pixels ``[N, C, H, W]`` in [0, 255]; output ``[N, out_size]``.
+    """
+
+    def __init__(
+        self, in_channels: int, image_size: int | Sequence[int] = 84, out_size: int = 512
+    ) -> None:
+        super().__init__()
+        height, width = _pair(image_size)
+        self.convs = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+        )
+        for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+            height, width = _conv_out(height, kernel, stride), _conv_out(width, kernel, stride)
+        if height < 1 or width < 1:
+            raise ValueError(f"NatureCNN needs images of at least 36x36, got {image_size}")
+        self.fc = nn.Linear(64 * height * width, out_size)
+        self.out_size = out_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw pixels ``[N, C, H, W]`` -> features ``[N, out_size]``."""
+        x = self.convs(_scale_pixels(x, self.fc.weight))
+        return torch.relu(self.fc(x.flatten(1)))
+
+
+class _ResidualBlock(nn.Module):
+    """ReLU, conv 3x3, ReLU, conv 3x3, plus the input (Espeholt et al. 2018, Fig. 3)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Not in-place: the first ReLU would otherwise overwrite the skip input.
+        out = self.conv0(torch.relu(x))
+        out = self.conv1(torch.relu(out))
+        return x + out
+
+
+class ImpalaResNet(nn.Module):
+    """IMPALA's deep residual torso (Espeholt et al. 2018, Fig. 3 right).
+
+    Three sections with ``channels`` (16, 32, 32); each is conv 3x3 stride 1, max-pool
+    3x3 stride 2 (padding 1) and two residual blocks. Then ReLU, flatten, fc ``out_size``
+    (256), ReLU. Input: raw pixels ``[N, C, H, W]`` in [0, 255]; output ``[N, out_size]``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int | Sequence[int] = 84,
+        channels: Sequence[int] = (16, 32, 32),
+        out_size: int = 256,
+    ) -> None:
+        super().__init__()
+        height, width = _pair(image_size)
+        sections: list[nn.Module] = []
+        for out_channels in channels:
+            sections += [
+                nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+                nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                _ResidualBlock(out_channels),
+                _ResidualBlock(out_channels),
+            ]
+            in_channels = out_channels
+            height, width = _conv_out(height, 3, 2, 1), _conv_out(width, 3, 2, 1)
+        self.sections = nn.Sequential(*sections)
+        self.fc = nn.Linear(in_channels * height * width, out_size)
+        self.out_size = out_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Raw pixels ``[N, C, H, W]`` -> features ``[N, out_size]``."""
+        x = torch.relu(self.sections(_scale_pixels(x, self.fc.weight)))
+        return torch.relu(self.fc(x.flatten(1)))
+
+
+class MLP(nn.Module):
+    """``num_layers`` of Linear + ReLU, each ``hidden_size`` wide.
+
+    Input ``[N, in_size]`` (trailing dims are flattened); output ``[N, hidden_size]``.
+    """
+
+    def __init__(self, in_size: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"MLP num_layers must be >= 1, got {num_layers}")
+        layers: list[nn.Module] = []
+        for i in range(num_layers):
+            layers += [nn.Linear(in_size if i == 0 else hidden_size, hidden_size), nn.ReLU()]
+        self.layers = nn.Sequential(*layers)
+        self.out_size = hidden_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, in_size]`` -> ``[N, hidden_size]``."""
+        return self.layers(x.flatten(1).to(self.layers[0].weight.dtype))
+
+
+class LSTMCore(nn.Module):
+    """One-layer LSTM over time-major sequences with per-step episode resets.
+
+    The recurrent core of IMPALA (Espeholt et al. 2018, Fig. 3) and R2D2 (Kapturowski et
+    al. 2019). Where ``resets[t, b]`` the state of column ``b`` is zeroed before step
+    ``t``, so no information crosses an episode boundary inside an unroll.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(input_size, hidden_size)
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+
+    def initial_state(self, batch_size: int) -> LSTMState:
+        """Zero ``(h, c)``, each ``[B, hidden_size]``, on the module's device and dtype."""
+        weight = self.lstm.weight_ih_l0
+        zeros = weight.new_zeros(batch_size, self.hidden_size)
+        return zeros, zeros.clone()
+
+    def forward(
+        self, x: torch.Tensor, state: LSTMState, resets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, LSTMState]:
+        """Run the core over a sequence.
+
+        Args:
+            x: ``[T, B, input_size]`` inputs.
+            state: ``(h, c)``, each ``[B, hidden_size]``, the state before step 0.
+            resets: ``[T, B]`` bool, or None for no resets; where True the state of that
+                column is zeroed before that step (an episode starts there).
+        Returns:
+            ``y`` ``[T, B, hidden_size]`` and the state ``(h, c)`` after step ``T-1``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"LSTMCore expects x of shape [T, B, {self.input_size}], got {tuple(x.shape)}"
+            )
+        steps, batch = x.shape[:2]
+        h, c = state
+        expected = (batch, self.hidden_size)
+        if tuple(h.shape) != expected or tuple(c.shape) != expected:
+            raise ValueError(
+                f"LSTMCore expects state (h, c) each of shape {list(expected)}, "
+                f"got {tuple(h.shape)} and {tuple(c.shape)}"
+            )
+        if resets is not None and tuple(resets.shape) != (steps, batch):
+            raise ValueError(
+                f"LSTMCore expects resets of shape [{steps}, {batch}], got {tuple(resets.shape)}"
+            )
+        if resets is None or not bool(resets.any()):
+            # Fast path: one cuDNN/fused call over all T steps.
+            y, (h_n, c_n) = self.lstm(x, (h.unsqueeze(0), c.unsqueeze(0)))
+            return y, (h_n.squeeze(0), c_n.squeeze(0))
+        resets = resets.to(torch.bool)
+        outputs = []
+        for t in range(steps):
+            keep = resets[t].unsqueeze(-1)
+            h, c = h.masked_fill(keep, 0.0), c.masked_fill(keep, 0.0)
+            y_t, (h_n, c_n) = self.lstm(x[t : t + 1], (h.unsqueeze(0), c.unsqueeze(0)))
+            h, c = h_n.squeeze(0), c_n.squeeze(0)
+            outputs.append(y_t)
+        return torch.cat(outputs), (h, c)
+
+
+class PolicyValueHead(nn.Module):
+    """Linear policy logits and a linear state value over shared features.
+
+    The actor-critic output of A3C (Mnih et al. 2016) and IMPALA (Espeholt et al. 2018).
+    """
+
+    def __init__(self, in_size: int, num_actions: int) -> None:
+        super().__init__()
+        self.policy = nn.Linear(in_size, num_actions)
+        self.baseline = nn.Linear(in_size, 1)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``features [..., F]`` -> ``(logits [..., A], values [...])``."""
+        return self.policy(features), self.baseline(features).squeeze(-1)
+
+
+def make_torso(
+    name: str, obs_shape: tuple[int, ...], hidden_size: int = 256, mlp_layers: int = 2
+) -> tuple[nn.Module, int]:
+    """Build a torso by name for observations of shape ``obs_shape``.
+
+    Args:
+        name: one of ``auto`` (nature for image ``[C, H, W]``, mlp for vector ``[F]``
+            observations), ``nature``, ``resnet``, ``mlp`` (flattens any shape).
+        obs_shape: shape of one observation, without time and batch.
+        hidden_size: width of each MLP layer. The CNN torsos keep their papers' widths
+            (512 for Nature, 256 for ResNet).
+        mlp_layers: number of MLP layers.
+    Returns:
+        ``(torso, out_size)``: the module and the width of its output features.
+    """
+    if name not in TORSOS:
+        raise ValueError(f"torso must be one of {', '.join(TORSOS)}; got {name!r}")
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if name == "auto":
+        if len(obs_shape) == 3:
+            name = "nature"
+        elif len(obs_shape) == 1:
+            name = "mlp"
+        else:
+            raise ValueError(
+                f"torso 'auto' handles image [C, H, W] or vector [F] observations, got "
+                f"obs_shape {obs_shape}; pick torso 'mlp' to flatten them"
+            )
+    if name == "mlp":
+        torso: nn.Module = MLP(math.prod(obs_shape), hidden_size, mlp_layers)
+        return torso, hidden_size
+    if len(obs_shape) != 3:
+        raise ValueError(
+            f"torso {name!r} needs image observations [C, H, W], got obs_shape {obs_shape}; "
+            "use torso 'mlp' or 'auto' for vector observations"
+        )
+    channels, height, width = obs_shape
+    if name == "nature":
+        torso = NatureCNN(channels, (height, width))
+    else:
+        torso = ImpalaResNet(channels, (height, width))
+    return torso, torso.out_size
+
+
+class ActorCriticNet(nn.Module):
+    """Torso -> optional LSTM core -> policy logits and value (IMPALA, Espeholt et al. 2018).
+
+    Works on time-major ``[T, B, *obs_shape]`` observations; without the LSTM each step
+    is independent, with it the core carries state across steps and unrolls.
+    """
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        num_actions: int,
+        torso: str = "auto",
+        hidden_size: int = 256,
+        mlp_layers: int = 2,
+        use_lstm: bool = False,
+        lstm_size: int = 256,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.num_actions = num_actions
+        self.use_lstm = use_lstm
+        self.torso, features = make_torso(torso, self.obs_shape, hidden_size, mlp_layers)
+        self.torso_size = features
+        self.core: LSTMCore | None = None
+        if use_lstm:
+            self.core = LSTMCore(features, lstm_size)
+            features = lstm_size
+        self.head = PolicyValueHead(features, num_actions)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """``()`` without an LSTM, else zero ``(h, c)`` each ``[B, lstm_size]``."""
+        if self.core is None:
+            return ()
+        return self.core.initial_state(batch_size)
+
+    def forward(
+        self,
+        observations: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...],
+        resets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Evaluate the network on a time-major batch.
+
+        Args:
+            observations: ``[T, B, *obs_shape]``, raw pixels (uint8) or float vectors.
+            core_state: from :meth:`initial_state` or a previous call; ``()`` without LSTM.
+            resets: ``[T, B]`` bool or None; where True the core state is zeroed before
+                that step. Ignored without an LSTM.
+        Returns:
+            ``(logits [T, B, A], values [T, B], new_core_state)``.
+        """
+        if observations.dim() < 2 or tuple(observations.shape[2:]) != self.obs_shape:
+            raise ValueError(
+                f"ActorCriticNet expects observations of shape [T, B, "
+                f"{', '.join(map(str, self.obs_shape))}], got {tuple(observations.shape)}"
+            )
+        steps, batch = observations.shape[:2]
+        features = self.torso(observations.flatten(0, 1)).view(steps, batch, self.torso_size)
+        if self.core is None:
+            if len(core_state) != 0:
+                raise ValueError("ActorCriticNet without LSTM expects core_state ()")
+            new_state: tuple[torch.Tensor, ...] = ()
+        else:
+            if len(core_state) != 2:
+                raise ValueError(
+                    f"ActorCriticNet with LSTM expects core_state (h, c), got "
+                    f"{len(core_state)} tensors"
+                )
+            h, c = core_state
+            features, new_state = self.core(features, (h, c), resets)
+        logits, values = self.head(features)
+        return logits, values, new_state

@@ -1,0 +1,270 @@
+"""Tests for distrl.models: shapes, parameter counts, pixel scaling, LSTM resets and state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distrl.models import (
+    ActorCriticNet,
+    ImpalaResNet,
+    LSTMCore,
+    NatureCNN,
+    make_torso,
+)
+
+T, B, A = 3, 2, 5
+IMAGE_SHAPE = (4, 84, 84)
+VECTOR_SHAPE = (4,)
+
+
+def _observations(obs_shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if len(obs_shape) == 3:
+        return torch.randint(0, 256, (T, B, *obs_shape), generator=gen, dtype=torch.uint8)
+    return torch.randn(T, B, *obs_shape, generator=gen)
+
+
+def _reference_lstm(
+    core: LSTMCore, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, resets: torch.Tensor
+) -> torch.Tensor:
+    """The LSTM equations written out one step at a time, zeroing state on reset."""
+    lstm = core.lstm
+    outputs = []
+    for t in range(x.shape[0]):
+        keep = (~resets[t]).float().unsqueeze(-1)
+        h, c = h * keep, c * keep
+        gates = x[t] @ lstm.weight_ih_l0.T + lstm.bias_ih_l0 + h @ lstm.weight_hh_l0.T
+        gates = gates + lstm.bias_hh_l0
+        i, f, g, o = gates.chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+@pytest.mark.parametrize(
+    "torso, obs_shape",
+    [
+        ("nature", IMAGE_SHAPE),
+        ("resnet", IMAGE_SHAPE),
+        ("mlp", VECTOR_SHAPE),
+        ("auto", IMAGE_SHAPE),
+        ("auto", VECTOR_SHAPE),
+    ],
+)
+def test_output_shapes(torso: str, obs_shape: tuple[int, ...], use_lstm: bool) -> None:
+    torch.manual_seed(0)
+    net = ActorCriticNet(obs_shape, A, torso=torso, hidden_size=32, use_lstm=use_lstm, lstm_size=16)
+    state = net.initial_state(B)
+    assert len(state) == (2 if use_lstm else 0)
+    with torch.no_grad():
+        logits, values, new_state = net(_observations(obs_shape), state)
+    assert logits.shape == (T, B, A)
+    assert values.shape == (T, B)
+    assert [s.shape for s in new_state] == [(B, 16)] * len(state)
+    assert torch.isfinite(logits).all() and torch.isfinite(values).all()
+
+
+def test_torso_widths() -> None:
+    assert make_torso("nature", IMAGE_SHAPE)[1] == 512
+    assert make_torso("resnet", IMAGE_SHAPE)[1] == 256
+    assert make_torso("mlp", VECTOR_SHAPE, hidden_size=48)[1] == 48
+    assert type(make_torso("auto", IMAGE_SHAPE)[0]).__name__ == "NatureCNN"
+    assert type(make_torso("auto", VECTOR_SHAPE)[0]).__name__ == "MLP"
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_nature_cnn_parameter_count() -> None:
+    # 84 -> (84-8)/4+1 = 20 -> (20-4)/2+1 = 9 -> (9-3)/1+1 = 7.
+    expected = (
+        (4 * 32 * 8 * 8 + 32)
+        + (32 * 64 * 4 * 4 + 64)
+        + (64 * 64 * 3 * 3 + 64)
+        + (64 * 7 * 7 * 512 + 512)
+    )
+    assert _count(NatureCNN(4)) == expected == 1_684_128
+
+
+def test_impala_resnet_parameter_count() -> None:
+    def conv(cin: int, cout: int) -> int:
+        return cin * cout * 3 * 3 + cout
+
+    expected = 0
+    cin = 4
+    for cout in (16, 32, 32):
+        expected += conv(cin, cout) + 4 * conv(cout, cout)  # section conv + 2 blocks x 2 convs
+        cin = cout
+    # 84 -> 42 -> 21 -> 11 after the three stride-2 pools (padding 1).
+    expected += 32 * 11 * 11 * 256 + 256
+    assert _count(ImpalaResNet(4)) == expected
+
+
+def test_nature_cnn_scales_uint8_once() -> None:
+    torch.manual_seed(0)
+    net = NatureCNN(4)
+    pixels = torch.randint(0, 256, (2, *IMAGE_SHAPE), dtype=torch.uint8)
+    with torch.no_grad():
+        out = net(pixels)
+        scaled = pixels.float() / 255.0
+        by_hand = torch.relu(net.fc(net.convs(scaled).flatten(1)))
+        unscaled = torch.relu(net.fc(net.convs(pixels.float()).flatten(1)))
+    torch.testing.assert_close(out, by_hand)
+    assert not torch.allclose(out, unscaled)
+    # Raw pixels as float go through the same scaling as uint8 ones.
+    torch.testing.assert_close(net(pixels.float()), out)
+
+
+def test_impala_resnet_scales_uint8_once() -> None:
+    torch.manual_seed(0)
+    net = ImpalaResNet(4)
+    pixels = torch.randint(0, 256, (2, *IMAGE_SHAPE), dtype=torch.uint8)
+    with torch.no_grad():
+        by_hand = torch.relu(net.fc(torch.relu(net.sections(pixels.float() / 255)).flatten(1)))
+        torch.testing.assert_close(net(pixels), by_hand)
+
+
+def _core_inputs(steps: int = 6, batch: int = 3, features: int = 5, hidden: int = 7):
+    torch.manual_seed(0)
+    core = LSTMCore(features, hidden)
+    x = torch.randn(steps, batch, features)
+    h, c = torch.randn(batch, hidden), torch.randn(batch, hidden)
+    return core, x, (h, c)
+
+
+def test_lstm_matches_reference_equations() -> None:
+    core, x, (h, c) = _core_inputs()
+    resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+    resets[2, 0] = resets[4, 1] = resets[0, 2] = True
+    with torch.no_grad():
+        for r in (resets, torch.zeros_like(resets)):  # step-by-step path, then fast path
+            y, (h_n, c_n) = core(x, (h, c), r)
+            expected = _reference_lstm(core, x, h, c, r)
+            torch.testing.assert_close(y, expected)
+            torch.testing.assert_close(h_n, expected[-1])
+
+
+def test_lstm_reset_starts_fresh() -> None:
+    core, x, state = _core_inputs()
+    k = 3
+    resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+    resets[k] = True
+    with torch.no_grad():
+        y, (h_n, c_n) = core(x, state, resets)
+        y_fresh, (h_f, c_f) = core(x[k:], core.initial_state(x.shape[1]))
+        y_carried, _ = core(x, state)
+    torch.testing.assert_close(y[k:], y_fresh)
+    torch.testing.assert_close(h_n, h_f)
+    torch.testing.assert_close(c_n, c_f)
+    torch.testing.assert_close(y[:k], y_carried[:k])
+    # Without the reset, the carried state changes steps >= k: the check above can fail.
+    assert not torch.allclose(y_carried[k:], y_fresh, atol=1e-4)
+
+
+def test_lstm_reset_touches_only_its_column() -> None:
+    core, x, state = _core_inputs()
+    resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+    resets[2, 1] = True
+    with torch.no_grad():
+        y, _ = core(x, state, resets)
+        y_plain, _ = core(x, state)
+    torch.testing.assert_close(y[:, [0, 2]], y_plain[:, [0, 2]])
+    assert not torch.allclose(y[2:, 1], y_plain[2:, 1], atol=1e-4)
+
+
+def test_lstm_fast_path_equals_step_by_step() -> None:
+    core, x, state = _core_inputs()
+    with torch.no_grad():
+        y_fast, (h_fast, c_fast) = core(x, state)
+        outputs, (h, c) = [], state
+        for t in range(x.shape[0]):
+            y_t, (h, c) = core(x[t : t + 1], (h, c))
+            outputs.append(y_t)
+        # A reset at step 0 of a zero state changes nothing but forces the looped path.
+        zero = core.initial_state(x.shape[1])
+        resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+        resets[0] = True
+        y_loop, _ = core(x, zero, resets)
+        y_zero, _ = core(x, zero)
+    torch.testing.assert_close(torch.cat(outputs), y_fast)
+    torch.testing.assert_close(h, h_fast)
+    torch.testing.assert_close(c, c_fast)
+    torch.testing.assert_close(y_loop, y_zero)
+
+
+@pytest.mark.parametrize("with_resets", [False, True])
+def test_lstm_split_in_time_equals_one_pass(with_resets: bool) -> None:
+    core, x, state = _core_inputs()
+    resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+    if with_resets:
+        resets[1, 0] = resets[4, 2] = True
+    with torch.no_grad():
+        y, (h, c) = core(x, state, resets)
+        for k in (1, 2, 4):
+            y0, mid = core(x[:k], state, resets[:k])
+            y1, (h1, c1) = core(x[k:], mid, resets[k:])
+            torch.testing.assert_close(torch.cat([y0, y1]), y)
+            torch.testing.assert_close(h1, h)
+            torch.testing.assert_close(c1, c)
+
+
+def test_actor_critic_lstm_split_in_time_equals_one_pass() -> None:
+    torch.manual_seed(0)
+    net = ActorCriticNet(VECTOR_SHAPE, A, hidden_size=16, use_lstm=True, lstm_size=8)
+    obs = torch.randn(6, B, *VECTOR_SHAPE)
+    resets = torch.zeros(6, B, dtype=torch.bool)
+    resets[3, 1] = True
+    state = (torch.randn(B, 8), torch.randn(B, 8))
+    with torch.no_grad():
+        logits, values, (h, c) = net(obs, state, resets)
+        l0, v0, mid = net(obs[:2], state, resets[:2])
+        l1, v1, (h1, c1) = net(obs[2:], mid, resets[2:])
+    torch.testing.assert_close(torch.cat([l0, l1]), logits)
+    torch.testing.assert_close(torch.cat([v0, v1]), values)
+    torch.testing.assert_close(h1, h)
+    torch.testing.assert_close(c1, c)
+
+
+def test_make_torso_errors() -> None:
+    with pytest.raises(ValueError, match="torso") as info:
+        make_torso("vgg", IMAGE_SHAPE)
+    for allowed in ("auto", "nature", "resnet", "mlp"):
+        assert allowed in str(info.value)
+    assert "vgg" in str(info.value)
+    for name in ("nature", "resnet"):
+        with pytest.raises(ValueError, match=r"image observations \[C, H, W\]"):
+            make_torso(name, VECTOR_SHAPE)
+    with pytest.raises(ValueError, match="auto"):
+        make_torso("auto", (4, 84))
+
+
+def test_actor_critic_rejects_wrong_shapes() -> None:
+    net = ActorCriticNet(VECTOR_SHAPE, A, hidden_size=8)
+    with pytest.raises(ValueError, match=r"\[T, B, 4\]"):
+        net(torch.zeros(B, 4), ())
+    lstm_net = ActorCriticNet(VECTOR_SHAPE, A, hidden_size=8, use_lstm=True, lstm_size=8)
+    with pytest.raises(ValueError, match="resets of shape"):
+        lstm_net(torch.zeros(T, B, 4), lstm_net.initial_state(B), torch.zeros(B, T).bool())
+
+
+@pytest.mark.parametrize("torso, obs_shape", [("nature", IMAGE_SHAPE), ("mlp", VECTOR_SHAPE)])
+def test_time_major_no_mixing(torso: str, obs_shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    net = ActorCriticNet(obs_shape, A, torso=torso, hidden_size=32)
+    obs = _observations(obs_shape)
+    with torch.no_grad():
+        logits, values, _ = net(obs, ())
+        for t in range(T):
+            l_t, v_t, _ = net(obs[t : t + 1], ())
+            torch.testing.assert_close(l_t[0], logits[t])
+            torch.testing.assert_close(v_t[0], values[t])
+            for b in range(B):
+                l_tb, v_tb, _ = net(obs[t : t + 1, b : b + 1], ())
+                torch.testing.assert_close(l_tb[0, 0], logits[t, b])
+                torch.testing.assert_close(v_tb[0, 0], values[t, b])
+    # Distinct inputs give distinct outputs, so a mix-up of steps would show.
+    assert not torch.allclose(logits[0], logits[1])
