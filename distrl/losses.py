@@ -1,0 +1,63 @@
+"""Pure loss terms: policy gradient, baseline and entropy (IMPALA), reward clipping.
+
+Every function takes time-major ``[T, B]`` tensors and returns a scalar summed over
+time and batch, as in the IMPALA reference implementation, whose hyperparameters
+(learning rate, baseline and entropy costs) assume summed, not averaged, losses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+REWARD_CLIPPING = ("none", "abs_one", "soft_asymmetric")
+
+
+def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reward clipping applied by the learner; the actors always store raw rewards.
+
+    ``abs_one`` clips to [-1, 1] (Mnih et al. 2015; IMPALA Table G.1);
+    ``soft_asymmetric`` is IMPALA's 5 * tanh(r / 5), scaled by 0.3 for negative r (its
+    DMLab-30 setting).
+    """
+    if mode == "none":
+        return rewards
+    if mode == "abs_one":
+        return rewards.clamp(-1.0, 1.0)
+    if mode == "soft_asymmetric":
+        squeezed = torch.tanh(rewards / 5.0)
+        return torch.where(rewards < 0, 0.3 * squeezed, squeezed) * 5.0
+    raise ValueError(f"reward clipping must be one of {', '.join(REWARD_CLIPPING)}; got {mode!r}")
+
+
+def policy_gradient_loss(
+    logits_t: torch.Tensor, actions_t: torch.Tensor, advantages_t: torch.Tensor
+) -> torch.Tensor:
+    """-sum_t,b log pi(a_t|x_t) * A_t, with A_t held constant (IMPALA eq. 2's first term).
+
+    Args:
+        logits_t: [T, B, A] target-policy logits.
+        actions_t: [T, B] int64 actions taken.
+        advantages_t: [T, B] V-trace policy-gradient advantages (no gradient flows into them).
+    """
+    log_probs = -F.cross_entropy(
+        logits_t.flatten(0, 1), actions_t.flatten(0, 1), reduction="none"
+    ).view_as(advantages_t)
+    return -(log_probs * advantages_t.detach()).sum()
+
+
+def baseline_loss(vs_t: torch.Tensor, values_t: torch.Tensor) -> torch.Tensor:
+    """0.5 * sum_t,b (v_s - V(x_s))^2: the value regression towards V-trace targets (IMPALA 4.2)."""
+    return 0.5 * ((vs_t.detach() - values_t) ** 2).sum()
+
+
+def entropy_loss(logits_t: torch.Tensor) -> torch.Tensor:
+    """sum_t,b sum_a pi(a|x) log pi(a|x): the negative entropy, minimised to keep exploring."""
+    log_policy = F.log_softmax(logits_t, dim=-1)
+    return (log_policy.exp() * log_policy).sum()
+
+
+def entropy(logits_t: torch.Tensor) -> torch.Tensor:
+    """Mean policy entropy in nats over ``[T, B]`` (a diagnostic, not a loss)."""
+    log_policy = F.log_softmax(logits_t, dim=-1)
+    return -(log_policy.exp() * log_policy).sum(-1).mean()

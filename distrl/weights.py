@@ -1,0 +1,85 @@
+"""Versioned weight store: the learner publishes, actors pull when a newer version exists.
+
+All floating-point tensors of a model's state dict live in one flat float32 buffer
+(shared memory when asked), guarded by a sequence counter (a seqlock): the writer
+makes it odd while copying and sets it to ``2 * version`` when done; a reader that
+sees the counter change under it retries, so it never loads a torn copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+
+class WeightStore:
+    """Holds the newest published weights of one model architecture.
+
+    Args:
+        model: a model of the architecture to store (its current weights are version 0).
+        shared: put the buffer in shared memory so spawned processes can pull.
+    """
+
+    def __init__(self, model: nn.Module, shared: bool = False):
+        self._layout = [
+            (name, tuple(t.shape), t.numel())
+            for name, t in model.state_dict().items()
+            if t.dtype.is_floating_point
+        ]
+        numel = sum(n for _, _, n in self._layout)
+        self.flat = torch.zeros(numel, dtype=torch.float32)
+        self.sequence = torch.zeros(1, dtype=torch.int64)
+        if shared:
+            self.flat.share_memory_()
+            self.sequence.share_memory_()
+        self._write(model, version=0)
+
+    @property
+    def version(self) -> int:
+        """The newest complete version (a write in progress reports the previous one)."""
+        return int(self.sequence.item()) // 2
+
+    def publish(self, model: nn.Module, version: int) -> None:
+        """Learner side: make ``model``'s weights the newest version."""
+        if version <= self.version:
+            raise ValueError(f"version must increase: {version} <= {self.version}")
+        self._write(model, version)
+
+    def _write(self, model: nn.Module, version: int) -> None:
+        state = model.state_dict()
+        self.sequence.fill_(2 * version - 1 if version > 0 else 1)
+        offset = 0
+        with torch.no_grad():
+            for name, _shape, numel in self._layout:
+                self.flat[offset : offset + numel].copy_(state[name].reshape(-1))
+                offset += numel
+        self.sequence.fill_(2 * version)
+
+    def pull_if_newer(self, model: nn.Module, have_version: int, retries: int = 100) -> int | None:
+        """Actor side: load the newest weights into ``model`` if newer than ``have_version``.
+
+        Returns the version loaded, or None when nothing newer was published.
+        """
+        for _ in range(retries):
+            before = int(self.sequence.item())
+            if before % 2 == 1:
+                time.sleep(0.0005)
+                continue
+            if before // 2 <= have_version:
+                return None
+            snapshot = self.flat.clone()
+            if int(self.sequence.item()) != before:
+                continue
+            self._load(model, snapshot)
+            return before // 2
+        return None
+
+    def _load(self, model: nn.Module, flat: torch.Tensor) -> None:
+        state = model.state_dict()
+        offset = 0
+        with torch.no_grad():
+            for name, shape, numel in self._layout:
+                state[name].copy_(flat[offset : offset + numel].view(shape))
+                offset += numel
