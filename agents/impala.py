@@ -1,0 +1,188 @@
+"""IMPALA: importance-weighted actor-learner architecture (Espeholt et al. 2018).
+
+Actors act with a (possibly stale) policy copy and send fixed-length unrolls; the
+learner corrects for the policy lag with V-trace (eq. 1) and minimises the
+policy-gradient, baseline and entropy losses of Section 4.2. Read top to bottom:
+config -> network -> policy -> loss -> parts -> run.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from distrl import losses, vtrace
+from distrl.actor import PolicyOutput
+from distrl.config import (
+    ConfigError,
+    ModelConfig,
+    OptimizerConfig,
+    check_choice,
+    check_non_negative,
+    check_positive,
+    check_unit_interval,
+)
+from distrl.models import ActorCriticNet
+from distrl.queues import FieldSpec
+from distrl.types import Unroll
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass
+class ImpalaConfig:
+    """IMPALA hyperparameters; defaults from Espeholt et al. 2018, Table G.1 (Atari)."""
+
+    name: str = "impala"
+    unroll_length: int = 20  # T, steps per unroll
+    batch_size: int = 32  # B, unrolls per learner update
+    discount: float = 0.99  # gamma
+    baseline_cost: float = 0.5  # weight of the value loss
+    entropy_cost: float = 0.01  # weight of the entropy bonus
+    reward_clipping: str = "abs_one"  # none | abs_one ([-1, 1]) | soft_asymmetric
+    clip_rho_threshold: Optional[float] = 1.0  # rho-bar in eq. 1 (None: no clipping)
+    clip_c_threshold: Optional[float] = 1.0  # c-bar in eq. 1
+    clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar of the policy gradient (4.2)
+    vtrace_lambda: float = 1.0  # lambda of Remark 1: c_s = lambda * min(c-bar, rho_s)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        if self.name != "impala":
+            raise ConfigError(f"agent.name must be 'impala' for ImpalaConfig, got {self.name!r}")
+        check_positive("agent.unroll_length", self.unroll_length)
+        check_positive("agent.batch_size", self.batch_size)
+        check_unit_interval("agent.discount", self.discount)
+        check_non_negative("agent.baseline_cost", self.baseline_cost)
+        check_non_negative("agent.entropy_cost", self.entropy_cost)
+        check_choice("agent.reward_clipping", self.reward_clipping, losses.REWARD_CLIPPING)
+        for name in ("clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold"):
+            if getattr(self, name) is not None:
+                check_positive(f"agent.{name}", getattr(self, name))
+        check_unit_interval("agent.vtrace_lambda", self.vtrace_lambda)
+
+
+# ---------------------------------------------------------------- network
+
+
+def make_network(obs_shape: tuple[int, ...], num_actions: int, model: ModelConfig) -> nn.Module:
+    """The shallow (Nature CNN) or deep (ResNet) IMPALA network, or an MLP for vectors."""
+    return ActorCriticNet(obs_shape, num_actions, torso=model.torso,
+                          hidden_size=model.hidden_size, mlp_layers=model.mlp_layers,
+                          use_lstm=model.use_lstm, lstm_size=model.lstm_size)
+
+
+class ImpalaPolicy:
+    """The actors' behaviour policy mu: sample from the softmax of the network's logits."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return self.model.initial_state(batch_size)
+
+    @torch.no_grad()
+    def __call__(
+        self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]
+    ) -> PolicyOutput:
+        logits, _, core_state = self.model(observations.unsqueeze(0), core_state)
+        logits = logits[0]
+        actions = torch.multinomial(F.softmax(logits, dim=-1), 1).squeeze(-1)
+        return PolicyOutput(actions, {"behaviour_logits": logits}, core_state)
+
+
+def policy_extras(num_actions: int) -> dict[str, FieldSpec]:
+    """What the actors store per step besides the env data: mu's logits, ``[A]``."""
+    return {"behaviour_logits": FieldSpec((num_actions,), torch.float32)}
+
+
+# ---------------------------------------------------------------- loss
+
+
+def loss_fn(
+    model: nn.Module,
+    unroll: Unroll,
+    *,
+    discount: float,
+    baseline_cost: float,
+    entropy_cost: float,
+    reward_clipping: str,
+    clip_rho_threshold: float | None,
+    clip_c_threshold: float | None,
+    clip_pg_rho_threshold: float | None,
+    vtrace_lambda: float,
+) -> tuple[torch.Tensor, dict[str, float], None]:
+    """IMPALA loss (Section 4.2): V-trace policy gradient + baseline_cost * value loss
+    - entropy_cost * entropy, summed over the ``[T, B]`` unroll.
+
+    The network runs over all ``T + 1`` observations; the last step's value is the
+    bootstrap ``V(x_T)``. Its recurrent core starts from the state stored by the
+    actor and is reset where the previous step ended an episode.
+    """
+    first = torch.zeros_like(unroll.dones[:1])
+    resets = torch.cat([first, unroll.dones], dim=0)  # [T+1, B]: observations[t] starts anew
+    logits, values, _ = model(unroll.observations, unroll.core_state, resets)
+    target_logits_t, values_t, bootstrap_value = logits[:-1], values[:-1], values[-1]
+
+    rewards_t = losses.clip_rewards(unroll.rewards, reward_clipping)
+    discounts_t = (~unroll.dones).to(values_t.dtype) * discount
+    targets = vtrace.from_logits(
+        behaviour_logits=unroll.behaviour_logits, target_logits=target_logits_t.detach(),
+        actions=unroll.actions, discounts=discounts_t, rewards=rewards_t,
+        values=values_t.detach(), bootstrap_value=bootstrap_value.detach(),
+        clip_rho_threshold=clip_rho_threshold, clip_c_threshold=clip_c_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=vtrace_lambda,
+    )
+    pg_loss = losses.policy_gradient_loss(target_logits_t, unroll.actions, targets.pg_advantages)
+    value_loss = losses.baseline_loss(targets.vs, values_t)
+    entropy_loss = losses.entropy_loss(target_logits_t)
+    total = pg_loss + baseline_cost * value_loss + entropy_cost * entropy_loss
+    metrics = {
+        "loss/policy": pg_loss.item(), "loss/baseline": value_loss.item(),
+        "loss/entropy": entropy_loss.item(),
+        "policy/entropy": losses.entropy(target_logits_t.detach()).item(),
+        "policy/value_mean": values_t.detach().mean().item(),
+        "policy/vs_mean": targets.vs.mean().item(),
+    }
+    return total, metrics, None
+
+
+# ---------------------------------------------------------------- parts and run
+
+
+def parts(cfg: ImpalaConfig) -> Any:
+    """The pieces the runner wires together for IMPALA."""
+    from distrl.runner import UnrollAgentParts
+
+    return UnrollAgentParts(
+        name="impala",
+        make_model=functools.partial(make_network, model=cfg.model),
+        make_policy=ImpalaPolicy,
+        loss_fn=functools.partial(
+            loss_fn, discount=cfg.discount, baseline_cost=cfg.baseline_cost,
+            entropy_cost=cfg.entropy_cost, reward_clipping=cfg.reward_clipping,
+            clip_rho_threshold=cfg.clip_rho_threshold, clip_c_threshold=cfg.clip_c_threshold,
+            clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, vtrace_lambda=cfg.vtrace_lambda,
+        ),
+        policy_extras=policy_extras,
+        unroll_length=cfg.unroll_length,
+        batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+    )
+
+
+def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
+    """Train IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is ImpalaConfig."""
+    from distrl.runner import RunSettings, train_unroll_agent
+
+    settings = RunSettings(
+        env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
+        seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
+        config_text=repr(asdict(cfg)),
+    )
+    return train_unroll_agent(parts(cfg.agent), settings, should_stop=should_stop)

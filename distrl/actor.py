@@ -1,0 +1,218 @@
+"""The generic acting loop: vector envs + a policy function -> a sink. No algorithm here.
+
+An actor splits its environments into groups. While the policy runs on one group's
+observations, the other groups' environments are stepping in ale-py's threads
+(``send``/``recv``), so env time and network time overlap. Each group writes to
+its own sink; :class:`UnrollSink` fills fixed-length unrolls into shared slots.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from distrl.envs import VectorEnv
+from distrl.queues import SlotPool
+from distrl.types import EnvStep
+
+
+class ActorStopped(Exception):
+    """Raised inside the loop when the run asked the actor to stop."""
+
+
+@dataclass
+class PolicyOutput:
+    """What a policy returns for N observations."""
+
+    actions: torch.Tensor  # [N] int64
+    extras: dict[str, torch.Tensor]  # per-step fields the sink stores, each [N, ...]
+    core_state: tuple[torch.Tensor, ...]  # recurrent state after this step, each [N, H]
+
+
+class Policy(Protocol):
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]: ...
+
+    def __call__(
+        self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]
+    ) -> PolicyOutput: ...
+
+
+class Sink(Protocol):
+    def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None: ...
+
+    def act(self, output: PolicyOutput, version: int) -> None: ...
+
+    def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None: ...
+
+
+def reset_core_state(
+    core_state: tuple[torch.Tensor, ...], dones: np.ndarray
+) -> tuple[torch.Tensor, ...]:
+    """Zero the recurrent state of the columns whose episode just ended."""
+    if not core_state or not dones.any():
+        return core_state
+    keep = torch.from_numpy(~dones).to(core_state[0].dtype).unsqueeze(-1)
+    return tuple(s * keep for s in core_state)
+
+
+@dataclass
+class ActorStats:
+    """Counters an actor accumulates between reports."""
+
+    frames: int = 0
+    steps: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    env_wait_s: float = 0.0
+    policy_s: float = 0.0
+    sink_wait_s: float = 0.0
+    policy_version: int = 0
+
+    def drain(self) -> ActorStats:
+        """Return the counters so far and start new ones."""
+        out = ActorStats(**vars(self))
+        self.frames = self.steps = 0
+        self.episode_returns, self.episode_lengths = [], []
+        self.env_wait_s = self.policy_s = self.sink_wait_s = 0.0
+        return out
+
+
+class UnrollSink:
+    """Writes T-step unrolls of one env group into slots of a :class:`SlotPool`.
+
+    Slot fields: ``observations [T+1, E, ...]``, ``actions``, ``rewards``, ``dones``,
+    ``policy_versions`` ``[T, E]``, one ``[T, E, ...]`` field per policy extra (e.g.
+    ``behaviour_logits``) and ``core_state_<i> [E, H]``. The last observation of an
+    unroll is the first of the next one, with the recurrent state at that point.
+    """
+
+    def __init__(
+        self,
+        pool: SlotPool,
+        unroll_length: int,
+        stats: ActorStats,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
+        self.pool = pool
+        self.unroll_length = unroll_length
+        self.stats = stats
+        self.should_stop = should_stop
+        self.buffers = pool.buffers
+        self.index = -1
+        self.t = 0
+
+    def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
+        while True:
+            try:
+                self.index, waited = self.pool.acquire(timeout=0.5)
+                self.stats.sink_wait_s += waited
+                break
+            except queue.Empty:
+                self.stats.sink_wait_s += 0.5
+                if self.should_stop():
+                    raise ActorStopped from None
+        self.t = 0
+        self.buffers["observations"][self.index, 0].copy_(observations)
+        for i, state in enumerate(core_state):
+            self.buffers[f"core_state_{i}"][self.index].copy_(state)
+
+    def act(self, output: PolicyOutput, version: int) -> None:
+        i, t = self.index, self.t
+        self.buffers["actions"][i, t].copy_(output.actions)
+        self.buffers["policy_versions"][i, t].fill_(version)
+        for name, value in output.extras.items():
+            self.buffers[name][i, t].copy_(value)
+
+    def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None:
+        i, t = self.index, self.t
+        self.buffers["rewards"][i, t].copy_(torch.from_numpy(step.rewards))
+        self.buffers["dones"][i, t].copy_(torch.from_numpy(step.dones))
+        observations = torch.from_numpy(step.observations)
+        self.buffers["observations"][i, t + 1].copy_(observations)
+        self.t += 1
+        if self.t == self.unroll_length:
+            self.pool.commit(i)
+            self.begin(observations, core_state)
+
+
+@dataclass
+class EnvGroup:
+    """One batch of environments stepped together, its sink and its acting state."""
+
+    env: VectorEnv
+    sink: Sink
+    core_state: tuple[torch.Tensor, ...] = ()
+
+
+class Actor:
+    """Steps env groups with a policy, feeding each group's sink.
+
+    Args:
+        groups: the env groups (each with its own sink).
+        policy: maps observations and recurrent state to actions and extras.
+        pull_weights: called once per group step; returns the policy version now in use.
+        stats: where counters accumulate.
+    """
+
+    def __init__(
+        self,
+        groups: list[EnvGroup],
+        policy: Policy,
+        pull_weights: Callable[[], int],
+        stats: ActorStats,
+    ):
+        self.groups = groups
+        self.policy = policy
+        self.pull_weights = pull_weights
+        self.stats = stats
+        self._started = False
+
+    def start(self) -> None:
+        """Reset every env, open each sink and send the first actions."""
+        for group in self.groups:
+            observations = torch.from_numpy(group.env.reset())
+            group.core_state = self.policy.initial_state(group.env.num_envs)
+            group.sink.begin(observations, group.core_state)
+            self._act(group, observations)
+        self._started = True
+
+    def step(self) -> None:
+        """Receive one step from every group in turn and send its next actions."""
+        if not self._started:
+            self.start()
+        for group in self.groups:
+            start = time.perf_counter()
+            env_step = group.env.recv()
+            self.stats.env_wait_s += time.perf_counter() - start
+            group.core_state = reset_core_state(group.core_state, env_step.dones)
+            group.sink.observe(env_step, group.core_state)
+            self._count(group.env, env_step)
+            self._act(group, torch.from_numpy(env_step.observations))
+
+    def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:
+        version = self.pull_weights()
+        start = time.perf_counter()
+        output = self.policy(observations, group.core_state)
+        self.stats.policy_s += time.perf_counter() - start
+        self.stats.policy_version = version
+        group.core_state = output.core_state
+        group.sink.act(output, version)
+        group.env.send(output.actions.numpy())
+
+    def _count(self, env: VectorEnv, env_step: EnvStep) -> None:
+        self.stats.steps += env.num_envs
+        self.stats.frames += env.num_envs * env.frames_per_step
+        done = env_step.dones
+        if done.any():
+            self.stats.episode_returns.extend(env_step.episode_returns[done].tolist())
+            self.stats.episode_lengths.extend(env_step.episode_lengths[done].tolist())
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.env.close()

@@ -1,0 +1,121 @@
+"""The generic learner step: batch -> loss_fn -> backward -> clip -> optimizer step -> publish.
+
+No algorithm lives here: an agent passes ``loss_fn(model, batch) -> (loss, metrics,
+priorities)``. Also the optimizers and learning-rate schedules the papers use.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from distrl.weights import WeightStore
+
+LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float], Any]]
+
+
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    name: str,
+    lr: float,
+    alpha: float = 0.99,
+    eps: float = 0.01,
+    momentum: float = 0.0,
+    centered: bool = False,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+) -> torch.optim.Optimizer:
+    """RMSProp (IMPALA: decay 0.99, eps 0.01, momentum 0; Ape-X: centered) or Adam (R2D2)."""
+    if name == "rmsprop":
+        return torch.optim.RMSprop(
+            params, lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered
+        )
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(beta1, beta2), eps=eps)
+    raise ValueError(f"optimizer.name must be one of rmsprop, adam; got {name!r}")
+
+
+def make_lr_schedule(
+    optimizer: torch.optim.Optimizer, schedule: str, total_updates: int
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """``linear``: lr decays linearly to 0 over ``total_updates`` (IMPALA); ``constant``."""
+    if schedule == "linear":
+        total = max(int(total_updates), 1)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda update: max(1.0 - update / total, 0.0)
+        )
+    if schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+    raise ValueError(f"optimizer.lr_schedule must be one of linear, constant; got {schedule!r}")
+
+
+class Learner:
+    """Applies one gradient update per batch and publishes the new weights.
+
+    Args:
+        model: the network being trained.
+        loss_fn: ``(model, batch) -> (loss, metrics, priorities)``.
+        optimizer, scheduler: stepped once per update.
+        max_grad_norm: global-norm gradient clipping threshold.
+        weights: where new versions are published for actors, or None.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        max_grad_norm: float,
+        weights: WeightStore | None = None,
+    ):
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.max_grad_norm = max_grad_norm
+        self.weights = weights
+        self.updates = 0
+
+    @property
+    def version(self) -> int:
+        """The weight version: one per update."""
+        return self.updates
+
+    def step(self, batch: Any) -> tuple[dict[str, float], Any]:
+        """One update on ``batch``. Returns (metrics, priorities from loss_fn)."""
+        start = time.perf_counter()
+        self.model.train()
+        loss, metrics, priorities = self.loss_fn(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        metrics = dict(metrics)
+        metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.updates += 1
+        if self.weights is not None:
+            self.weights.publish(self.model, self.updates)
+        metrics["learner/loss"] = float(loss.detach())
+        metrics["learner/grad_norm"] = float(grad_norm)
+        metrics["learner/step_s"] = time.perf_counter() - start
+        return metrics, priorities
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])

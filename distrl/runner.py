@@ -1,0 +1,443 @@
+"""Runs an unroll-based agent's parts in one process or with actor processes on one host.
+
+The same parts run both ways: with ``actors == 0`` the actor and learner take turns
+in one loop (debuggable, deterministic, used by the tests); otherwise actor
+processes (spawned) fill shared slots while this process learns. The runner owns
+the run directory, logging, checkpoints, signals and the actors' lifetime: actors
+end with the run, also when it fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import random
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from distrl import checkpoint
+from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, UnrollSink
+from distrl.config import (
+    CheckpointConfig,
+    ConfigError,
+    DistributedConfig,
+    EnvConfig,
+    LogConfig,
+    OptimizerConfig,
+)
+from distrl.envs import make_envs
+from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer
+from distrl.logging import MetricLogger
+from distrl.queues import FieldSpec, SlotPool
+from distrl.types import Unroll
+from distrl.weights import WeightStore
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class UnrollAgentParts:
+    """What an unroll-based agent (IMPALA) plugs into the runner.
+
+    ``make_model`` and ``make_policy`` must be picklable (module-level functions or
+    ``functools.partial`` of them): actor processes build their own policy copy.
+    """
+
+    name: str
+    make_model: Callable[[tuple[int, ...], int], nn.Module]  # (obs_shape, num_actions) -> model
+    make_policy: Callable[[nn.Module], Policy]
+    loss_fn: LossFn  # (model, Unroll) -> (loss, metrics, priorities)
+    policy_extras: Callable[[int], dict[str, FieldSpec]]  # num_actions -> per-step extras [..]
+    unroll_length: int
+    batch_size: int
+    optimizer: OptimizerConfig
+
+
+@dataclass
+class RunSettings:
+    """Topology, logging and checkpoint settings plus the run's identity."""
+
+    env: EnvConfig
+    distributed: DistributedConfig
+    log: LogConfig
+    checkpoint: CheckpointConfig
+    seed: int
+    total_frames: int
+    resume: str | None = None
+    config_text: str = ""  # the resolved config, stored in tensorboard and checkpoints
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def env_seed(seed: int, actor_id: int, group: int, groups: int, envs_per_group: int) -> int:
+    """Seed of env 0 of a group; env i gets this + i, so no two envs share a seed."""
+    return seed * 1_000_003 + (actor_id * groups + group) * envs_per_group
+
+
+def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str, Any] | None]:
+    """The run directory and, when resuming, the checkpoint loaded from it."""
+    if settings.resume:
+        state = checkpoint.load(settings.resume)
+        path = checkpoint.resolve(settings.resume)
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        if state.get("agent") != agent_name:
+            raise checkpoint.CheckpointError(
+                f"resume: checkpoint '{path}' is from agent {state.get('agent')!r}, "
+                f"not {agent_name!r}"
+            )
+        return run_dir, state
+    name = settings.log.name or (
+        f"{agent_name}-{settings.env.id.replace('/', '_')}-seed{settings.seed}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    run_dir = Path(settings.log.dir) / name
+    if checkpoint.list_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(
+            f"log.name: run directory '{run_dir}' already holds checkpoints; "
+            f"pass resume={run_dir} to continue it or choose another log.name"
+        )
+    return run_dir, None
+
+
+def unroll_specs(
+    parts: UnrollAgentParts, model: nn.Module, obs_shape: tuple[int, ...], obs_dtype: Any,
+    num_actions: int, columns: int,
+) -> dict[str, FieldSpec]:
+    """Slot layout of one env group's unroll: ``[T(+1), columns, ...]`` per field."""
+    t = parts.unroll_length
+    specs = {
+        "observations": FieldSpec((t + 1, columns, *obs_shape), torch.from_numpy(
+            np.zeros(0, dtype=obs_dtype)).dtype),
+        "actions": FieldSpec((t, columns), torch.int64),
+        "rewards": FieldSpec((t, columns), torch.float32),
+        "dones": FieldSpec((t, columns), torch.bool),
+        "policy_versions": FieldSpec((t, columns), torch.int64),
+    }
+    for name, spec in parts.policy_extras(num_actions).items():
+        specs[name] = FieldSpec((t, columns, *spec.shape), spec.dtype)
+    for i, state in enumerate(model.initial_state(columns)):
+        specs[f"core_state_{i}"] = FieldSpec(tuple(state.shape), state.dtype, time_major=False)
+    return specs
+
+
+def to_unroll(batch: dict[str, torch.Tensor]) -> Unroll:
+    """The gathered slot fields as an :class:`Unroll`."""
+    states = sorted(k for k in batch if k.startswith("core_state_"))
+    return Unroll(
+        observations=batch["observations"],
+        actions=batch["actions"],
+        rewards=batch["rewards"],
+        dones=batch["dones"],
+        behaviour_logits=batch["behaviour_logits"],
+        policy_versions=batch["policy_versions"],
+        core_state=tuple(batch[k] for k in states),
+    )
+
+
+def build_actor(
+    parts: UnrollAgentParts, settings: RunSettings, model: nn.Module, store: WeightStore,
+    pool: SlotPool, actor_id: int, stats: ActorStats, should_stop: Callable[[], bool],
+) -> Actor:
+    """An actor with its env groups, each writing unrolls into ``pool``."""
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    groups = []
+    for g in range(dist.env_groups):
+        seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
+        env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
+        groups.append(EnvGroup(env, UnrollSink(pool, parts.unroll_length, stats, should_stop)))
+    version = 0
+
+    def pull_weights() -> int:
+        nonlocal version
+        newer = store.pull_if_newer(model, version)
+        if newer is not None:
+            version = newer
+        return version
+
+    model.eval()
+    return Actor(groups, parts.make_policy(model), pull_weights, stats)
+
+
+def _actor_process(
+    actor_id: int, parts: UnrollAgentParts, settings: RunSettings, obs_shape: tuple[int, ...],
+    num_actions: int, pool: SlotPool, store: WeightStore, stats_queue: Any, stop: Any,
+    parent_pid: int,
+) -> None:
+    """Entry point of one actor process: act until told to stop or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process decides when to stop
+    torch.set_num_threads(settings.distributed.actor_threads)
+    seed_everything(settings.seed * 1_000_003 + actor_id + 1)
+    actor = None
+    try:
+        stats = ActorStats()
+
+        def should_stop() -> bool:
+            return stop.is_set() or os.getppid() != parent_pid
+
+        model = parts.make_model(obs_shape, num_actions)
+        actor = build_actor(parts, settings, model, store, pool, actor_id, stats, should_stop)
+        last_report = time.monotonic()
+        while not should_stop():
+            actor.step()
+            if time.monotonic() - last_report > 1.0:
+                stats_queue.put(("stats", actor_id, stats.drain()))
+                last_report = time.monotonic()
+    except ActorStopped:
+        pass
+    except BaseException:
+        stats_queue.put(("error", actor_id, traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if actor is not None:
+            actor.close()
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: the caller stops us instead
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C means now
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"[distrl] received signal {signum}: checkpointing and stopping", flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def train_unroll_agent(
+    parts: UnrollAgentParts,
+    settings: RunSettings,
+    should_stop: Callable[[int], bool] | None = None,
+) -> dict[str, Any]:
+    """Train until ``total_frames`` env frames were learned from (or a stop was asked).
+
+    Args:
+        parts: the agent's model, policy and loss.
+        settings: topology, logging, checkpoints.
+        should_stop: optional ``updates -> bool`` polled after each update (stops like SIGINT).
+
+    Returns:
+        A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir.
+    """
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    if parts.batch_size % per_group:
+        raise ConfigError(
+            f"agent.batch_size ({parts.batch_size}) must be a multiple of the envs per group, "
+            f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
+        )
+    run_dir, resumed = make_run_dir(settings, parts.name)
+    seed_everything(settings.seed)
+    torch.set_num_threads(dist.learner_threads)
+
+    probe = make_envs(settings.env, 1, settings.seed)
+    obs_shape, obs_dtype = probe.observation_shape, probe.observation_dtype
+    num_actions, frames_per_step = probe.num_actions, probe.frames_per_step
+    probe.close()
+
+    model = parts.make_model(obs_shape, num_actions)
+    frames_per_update = parts.unroll_length * parts.batch_size * frames_per_step
+    total_updates = math.ceil(settings.total_frames / frames_per_update)
+    opt = parts.optimizer
+    optimizer = make_optimizer(
+        model.parameters(), opt.name, opt.lr, alpha=opt.alpha, eps=opt.eps,
+        momentum=opt.momentum, centered=opt.centered, beta1=opt.beta1, beta2=opt.beta2,
+    )
+    scheduler = make_lr_schedule(optimizer, opt.lr_schedule, total_updates)
+    store = WeightStore(model, shared=dist.actors > 0)
+    learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm, store)
+    counters = {"frames": 0, "elapsed_s": 0.0}
+    if resumed is not None:
+        try:
+            learner.load_state_dict(resumed["learner"])
+        except (RuntimeError, KeyError, ValueError) as error:
+            raise checkpoint.CheckpointError(
+                f"resume: checkpoint does not fit this agent's model/optimizer: {error}"
+            ) from None
+        counters.update(resumed["counters"])
+        checkpoint.set_rng_state(resumed["rng"])
+        store.publish(model, learner.updates)
+
+    slots_per_batch = parts.batch_size // per_group
+    producers = max(dist.actors, 1) * dist.env_groups
+    num_slots = dist.slots or (2 * slots_per_batch + producers)
+    if num_slots < slots_per_batch + producers:
+        raise ConfigError(
+            f"distributed.slots ({num_slots}) must be at least one batch ({slots_per_batch}) "
+            f"plus one per env group ({producers})"
+        )
+    ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    specs = unroll_specs(parts, model, obs_shape, obs_dtype, num_actions, per_group)
+    pool = SlotPool(specs, num_slots, mp_context=ctx)
+
+    logger = MetricLogger(
+        str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
+        purge_step=counters["frames"] if resumed else None,
+    )
+    threads = (f"learner_threads={dist.learner_threads} actor_threads={dist.actor_threads} "
+               f"env_threads={dist.env_threads} actors={dist.actors} "
+               f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}")
+    print(f"[distrl] run_dir={run_dir} {threads}", flush=True)
+    if not resumed:
+        logger.text("config", f"```\n{settings.config_text}\n```")
+
+    def save_checkpoint() -> Path:
+        state = {
+            "format": CHECKPOINT_FORMAT, "agent": parts.name, "learner": learner.state_dict(),
+            "counters": dict(counters), "rng": checkpoint.rng_state(),
+            "config": settings.config_text,
+        }
+        return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
+                               keep=settings.checkpoint.keep)
+
+    processes: list[Any] = []
+    stats_queue: Any = None
+    stop_event: Any = None
+    local_actor: Actor | None = None
+    local_stats = ActorStats()
+    try:
+        if dist.actors == 0:
+            policy_model = parts.make_model(obs_shape, num_actions)
+            local_actor = build_actor(parts, settings, policy_model, store, pool, 0,
+                                      local_stats, lambda: False)
+        else:
+            stats_queue, stop_event = ctx.Queue(), ctx.Event()
+            for actor_id in range(dist.actors):
+                p = ctx.Process(
+                    target=_actor_process, name=f"distrl-actor-{actor_id}", daemon=True,
+                    args=(actor_id, parts, settings, obs_shape, num_actions, pool, store,
+                          stats_queue, stop_event, os.getpid()),
+                )
+                p.start()
+                processes.append(p)
+
+        def collect_stats() -> None:
+            drained = [local_stats.drain()] if local_actor is not None else []
+            while stats_queue is not None:
+                try:
+                    kind, actor_id, payload = stats_queue.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "error":
+                    raise RuntimeError(f"actor {actor_id} failed:\n{payload}")
+                drained.append(payload)
+            for stats in drained:
+                for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
+                    logger.episode(ret, length, counters["frames"])
+                logger.add("actor/frames", stats.frames)
+                logger.add("actor/env_wait_s", stats.env_wait_s)
+                logger.add("actor/policy_s", stats.policy_s)
+                logger.add("actor/slot_wait_s", stats.sink_wait_s)
+
+        def next_batch() -> tuple[list[int], float]:
+            if local_actor is not None:
+                while pool.full.qsize() < slots_per_batch:
+                    local_actor.step()
+                return pool.take(slots_per_batch)
+            waited = 0.0
+            first_wait = counters["frames"] == 0 or not processes
+            deadline = time.monotonic() + (dist.start_timeout_s if first_wait else 1e9)
+            taken: list[int] = []
+            while len(taken) < slots_per_batch:
+                try:
+                    more, w = pool.take(1, timeout=1.0)
+                    taken += more
+                    waited += w
+                except queue.Empty:
+                    waited += 1.0
+                    collect_stats()
+                    dead = [p.name for p in processes if not p.is_alive()]
+                    if dead:
+                        raise RuntimeError(f"actor processes exited unexpectedly: {dead}") from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"no unroll from the actors within distributed.start_timeout_s="
+                            f"{dist.start_timeout_s}s"
+                        ) from None
+            return taken, waited
+
+        run_start = time.monotonic() - counters["elapsed_s"]
+        last_checkpoint = time.monotonic()
+        report_frames, report_updates, report_time = counters["frames"], learner.updates, \
+            time.monotonic()
+        with _StopFlag() as signals:
+            while counters["frames"] < settings.total_frames:
+                indices, waited = next_batch()
+                unroll = to_unroll(pool.gather(indices))
+                pool.release(indices)
+                lag = learner.version - unroll.policy_versions.double().mean().item()
+                metrics, _ = learner.step(unroll)
+                counters["frames"] += frames_per_update
+                counters["elapsed_s"] = time.monotonic() - run_start
+                logger.add_many(metrics)
+                logger.add("learner/policy_lag", lag)
+                logger.add("learner/batch_wait_s", waited)
+                collect_stats()
+                stop_now = signals.requested or (should_stop is not None
+                                                 and should_stop(learner.updates))
+                if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
+                    now = time.monotonic()
+                    span = max(now - report_time, 1e-9)
+                    logger.report(counters["frames"], {
+                        "perf/fps": (counters["frames"] - report_frames) / span,
+                        "perf/updates_per_s": (learner.updates - report_updates) / span,
+                        "learner/updates": learner.updates,
+                        "episode/mean_return_20": logger.mean_recent_return(20),
+                    })
+                    report_frames, report_updates, report_time = (
+                        counters["frames"], learner.updates, now)
+                if time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s:
+                    save_checkpoint()
+                    last_checkpoint = time.monotonic()
+                if stop_now:
+                    break
+        final = save_checkpoint()
+        print(f"[distrl] checkpoint {final}", flush=True)
+        return {
+            "frames": counters["frames"], "updates": learner.updates,
+            "lr": optimizer.param_groups[0]["lr"],
+            "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
+            "checkpoint": str(final), "returns": list(logger.recent_returns),
+        }
+    finally:
+        if stop_event is not None:
+            stop_event.set()
+        for p in processes:
+            p.join(timeout=10)
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if local_actor is not None:
+            local_actor.close()
+        logger.close()
