@@ -9,11 +9,12 @@ config -> network -> policy -> loss -> parts -> run.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import nn
 
 from distrl import losses, vtrace
@@ -183,6 +184,6 @@ def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     settings = RunSettings(
         env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
         seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
-        config_text=repr(asdict(cfg)),
+        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
     )
     return train_unroll_agent(parts(cfg.agent), settings, should_stop=should_stop)

@@ -132,7 +132,7 @@ class ModelConfig:
     """Network shape. ``torso: auto`` picks the Nature CNN for images and an MLP otherwise."""
 
     torso: str = "auto"  # auto | nature (shallow IMPALA) | resnet (deep IMPALA) | mlp
-    hidden_size: int = 256  # MLP width, and the core input width of the CNN torsos' last layer
+    hidden_size: int = 256  # MLP torso width (the CNN torsos keep their papers' widths)
     mlp_layers: int = 2
     use_lstm: bool = False  # optional LSTM core between torso and heads
     lstm_size: int = 256

@@ -1,0 +1,115 @@
+"""Throughput of an agent: env frames/s and learner updates/s, next to ale-py alone.
+
+    python benchmarks/fps.py agent=impala env=Pong [any run.py override] \
+        [--repeats 3] [--warmup-updates 5] [--updates 40]
+
+Each repeat trains from scratch; the first ``--warmup-updates`` updates (process
+start, first unrolls) are excluded and the next ``--updates`` are timed. The
+figure quoted is the median over repeats. For scale it also measures ale-py's
+AtariVectorEnv stepping the same number of envs with random actions (same run,
+same machine) and prints the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import agents  # noqa: E402
+from distrl.config import register_configs  # noqa: E402
+from distrl.envs import atari_rom, is_atari  # noqa: E402
+
+
+def load_config(overrides: list[str]):
+    register_configs()
+    agents.register_configs()
+    with initialize_config_dir(str(ROOT / "experiments"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float]:
+    """Train ``warmup_updates + updates`` updates; frames/s and updates/s over the timed part."""
+    stamps: dict[int, float] = {}
+
+    def should_stop(done: int) -> bool:
+        stamps[done] = time.perf_counter()
+        return done >= warmup_updates + updates
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.log.dir, cfg.log.name, cfg.log.tensorboard = tmp, "bench", False
+        cfg.checkpoint.interval_s = 1e9
+        cfg.total_frames = 10**12
+        result = agents.get(cfg.agent.name).run(cfg, should_stop=should_stop)
+    span = stamps[warmup_updates + updates] - stamps[warmup_updates]
+    frames_per_update = result["frames"] / result["updates"]
+    return updates * frames_per_update / span, updates / span
+
+
+def ale_random_fps(game: str, num_envs: int, threads: int, seconds: float = 10.0) -> float:
+    """Frames/s of ale-py's AtariVectorEnv alone, random actions, DeepMind preprocessing."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv(game, num_envs, num_threads=threads, reward_clipping=False,
+                         autoreset_mode="SameStep")
+    rng = np.random.default_rng(0)
+    n_actions = env.single_action_space.n
+    env.reset(seed=0)
+    for _ in range(20):
+        env.step(rng.integers(0, n_actions, num_envs, dtype=np.int32))
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        env.step(rng.integers(0, n_actions, num_envs, dtype=np.int32))
+        steps += num_envs
+    elapsed = time.perf_counter() - start
+    env.close()
+    return steps * 4 / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup-updates", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=40)
+    args, overrides = parser.parse_known_args()
+    cfg = load_config(overrides)
+    dist = cfg.distributed
+    print(f"hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"torch {torch.__version__}; python {platform.python_version()}")
+    print(f"config: agent={cfg.agent.name} env={cfg.env.id} actors={dist.actors} "
+          f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups} "
+          f"env_threads={dist.env_threads} learner_threads={dist.learner_threads} "
+          f"actor_threads={dist.actor_threads} unroll={cfg.agent.unroll_length} "
+          f"batch={cfg.agent.batch_size}")
+    fps, ups = [], []
+    for repeat in range(args.repeats):
+        f, u = time_training(load_config(overrides), args.warmup_updates, args.updates)
+        fps.append(f)
+        ups.append(u)
+        print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s", flush=True)
+    median_fps = statistics.median(fps)
+    print(f"{cfg.agent.name} median: {median_fps:,.0f} env frames/s, "
+          f"{statistics.median(ups):.3f} learner updates/s over {args.repeats} repeats")
+    if is_atari(cfg.env.id):
+        envs = max(dist.actors, 1) * dist.envs_per_actor
+        ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1)
+        print(f"ale-py AtariVectorEnv alone ({envs} envs, {os.cpu_count()} threads, random "
+              f"actions): {ale:,.0f} frames/s; ratio agent/ale = {median_fps / ale:.2f}")
+
+
+if __name__ == "__main__":
+    main()
