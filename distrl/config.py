@@ -115,13 +115,13 @@ class OptimizerConfig:
     max_grad_norm: float = 40.0  # global-norm gradient clipping
 
     def __post_init__(self) -> None:
-        check_choice("optimizer.name", self.name, OPTIMIZERS)
-        check_choice("optimizer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        check_positive("optimizer.lr", self.lr)
-        check_positive("optimizer.eps", self.eps)
-        check_positive("optimizer.max_grad_norm", self.max_grad_norm)
-        check_non_negative("optimizer.momentum", self.momentum)
-        check_unit_interval("optimizer.alpha", self.alpha)
+        check_choice("agent.optimizer.name", self.name, OPTIMIZERS)
+        check_choice("agent.optimizer.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_positive("agent.optimizer.lr", self.lr)
+        check_positive("agent.optimizer.eps", self.eps)
+        check_positive("agent.optimizer.max_grad_norm", self.max_grad_norm)
+        check_non_negative("agent.optimizer.momentum", self.momentum)
+        check_unit_interval("agent.optimizer.alpha", self.alpha)
 
 
 TORSOS = ("auto", "nature", "resnet", "mlp")
@@ -138,10 +138,10 @@ class ModelConfig:
     lstm_size: int = 256
 
     def __post_init__(self) -> None:
-        check_choice("model.torso", self.torso, TORSOS)
-        check_positive("model.hidden_size", self.hidden_size)
-        check_positive("model.mlp_layers", self.mlp_layers)
-        check_positive("model.lstm_size", self.lstm_size)
+        check_choice("agent.model.torso", self.torso, TORSOS)
+        check_positive("agent.model.hidden_size", self.hidden_size)
+        check_positive("agent.model.mlp_layers", self.mlp_layers)
+        check_positive("agent.model.lstm_size", self.lstm_size)
 
 
 @dataclass

@@ -278,11 +278,20 @@ def train_unroll_agent(
     learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm, store)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
+        saved_optimizer = resumed.get("optimizer_name")
+        if saved_optimizer != opt.name:
+            raise checkpoint.CheckpointError(
+                f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
+                f"not {opt.name!r}"
+            )
         try:
             learner.load_state_dict(resumed["learner"])
         except (RuntimeError, KeyError, ValueError) as error:
+            detail = next((line.strip() for line in str(error).splitlines()
+                           if "size mismatch" in line or "Missing" in line), str(error))
             raise checkpoint.CheckpointError(
-                f"resume: checkpoint does not fit this agent's model/optimizer: {error}"
+                "resume: checkpoint does not fit this model (agent.model must match the "
+                f"checkpoint's config): {detail}"
             ) from None
         counters.update(resumed["counters"])
         checkpoint.set_rng_state(resumed["rng"])
@@ -313,7 +322,8 @@ def train_unroll_agent(
 
     def save_checkpoint() -> Path:
         state = {
-            "format": CHECKPOINT_FORMAT, "agent": parts.name, "learner": learner.state_dict(),
+            "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
+            "learner": learner.state_dict(),
             "counters": dict(counters), "rng": checkpoint.rng_state(),
             "config": settings.config_text,
         }
@@ -421,7 +431,10 @@ def train_unroll_agent(
                     last_checkpoint = time.monotonic()
                 if stop_now:
                     break
-        final = save_checkpoint()
+        if resumed is not None and learner.updates == resumed["learner"]["updates"]:
+            final = checkpoint.resolve(settings.resume)  # nothing new: leave it untouched
+        else:
+            final = save_checkpoint()
         print(f"[distrl] checkpoint {final}", flush=True)
         return {
             "frames": counters["frames"], "updates": learner.updates,
