@@ -1,0 +1,246 @@
+"""The import rules of ARCHITECTURE.md ("Layout and who may import whom"), read with ``ast``.
+
+A distrl module may import distrl modules of strictly lower layers, plus the same-layer
+pairs in ``SAME_LAYER_ALLOWED``; distrl never imports ``agents`` (or ``run``); agents
+import distrl only, never each other (the registry in agents/__init__.py goes by name
+through importlib, whose strings are not imports). A new distrl module must be added to
+``LAYERS`` before this test passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Module names are relative to distrl/; "__init__" is distrl/__init__.py itself.
+LAYERS: dict[str, int] = {
+    "__init__": 0,
+    "types": 0,
+    "config": 0,
+    "ops": 0,
+    "checkpoint": 0,
+    "vtrace": 1,
+    "losses": 1,
+    "models": 1,
+    "envs": 1,
+    "replay": 1,
+    "replay.*": 1,
+    "queues": 1,
+    "weights": 1,
+    "distributed": 1,
+    "logging": 1,
+    "actor": 2,
+    "inference": 2,
+    "learner": 2,
+    "runner": 3,
+}
+
+# (importer pattern, imported pattern): same-layer imports ARCHITECTURE.md's brackets allow.
+SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
+    ("losses", "vtrace"),
+    ("replay.*", "replay"),
+    ("replay.*", "replay.*"),
+    ("replay", "replay.*"),
+]
+
+
+def matches(module: str, pattern: str) -> bool:
+    """Glob match where ``*`` stands for one dotted component: "replay.*" is not "replay.a.b"."""
+    regex = r"[^.]+".join(re.escape(part) for part in pattern.split("*"))
+    return re.fullmatch(regex, module) is not None
+
+
+def layer_of(module: str) -> int | None:
+    for pattern, layer in LAYERS.items():
+        if matches(module, pattern):
+            return layer
+    return None
+
+
+def module_name(path: Path, package_dir: Path) -> str:
+    """distrl/replay/storage.py -> "replay.storage"; distrl/replay/__init__.py -> "replay"."""
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(tree: ast.AST, importer: str, is_package: bool) -> list[tuple[int, str]]:
+    """Absolute dotted names of everything ``tree`` imports, with line numbers.
+
+    ``from X import y`` yields ``X.y`` (which may name a module or an attribute); relative
+    imports are resolved against ``importer`` (a dotted absolute module name).
+    """
+    package = importer if is_package else importer.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return out
+
+
+def distrl_target(name: str, package_dir: Path) -> str | None:
+    """The distrl module (LAYERS key) that dotted ``name`` imports, or None if not distrl.
+
+    ``distrl.actor.Actor`` -> "actor"; ``distrl.replay.storage`` -> "replay.storage";
+    ``distrl.__version__`` (an attribute of the package) -> "__init__".
+    """
+    parts = name.split(".")
+    if parts[0] != "distrl":
+        return None
+    parts = parts[1:]
+    # The longest prefix that is a module or a package of distrl ...
+    for n in range(len(parts), 0, -1):
+        candidate = package_dir.joinpath(*parts[:n])
+        if candidate.with_suffix(".py").is_file() or (candidate / "__init__.py").is_file():
+            return ".".join(parts[:n])
+    # ... or, for a module not written yet (ops, replay.*), one the table names.
+    for n in range(len(parts), 0, -1):
+        if layer_of(".".join(parts[:n])) is not None:
+            return ".".join(parts[:n])
+    return "__init__"
+
+
+def distrl_violations(module: str, source: str, package_dir: Path) -> list[str]:
+    """Why ``source`` (distrl module ``module``) breaks the layer table; empty if it does not."""
+    layer = layer_of(module)
+    if layer is None:
+        return [f"distrl.{module} is not in LAYERS: give it a layer (see ARCHITECTURE.md)"]
+    tree = ast.parse(source)
+    is_package = module == "__init__" or (package_dir / module.replace(".", "/")).is_dir()
+    absolute = "distrl" if module == "__init__" else f"distrl.{module}"
+    problems = []
+    for line, name in imported_names(tree, absolute, is_package):
+        top = name.split(".")[0]
+        if top in ("agents", "run"):
+            problems.append(f"distrl.{module}:{line} imports {name}: distrl never imports {top}")
+            continue
+        target = distrl_target(name, package_dir)
+        if target is None or target == module:
+            continue
+        target_layer = layer_of(target)
+        if target_layer is None:
+            problems.append(f"distrl.{module}:{line} imports distrl.{target}, not in LAYERS")
+        elif target_layer < layer:
+            continue
+        elif target_layer == layer and any(
+            matches(module, a) and matches(target, b)
+            for a, b in SAME_LAYER_ALLOWED
+        ):
+            continue
+        else:
+            problems.append(
+                f"distrl.{module}:{line} (layer {layer}) imports distrl.{target} "
+                f"(layer {target_layer}): only strictly lower layers may be imported"
+            )
+    return problems
+
+
+def agent_violations(module: str, source: str) -> list[str]:
+    """Why agent module ``module`` ("impala", or "__init__" for the registry) breaks the rules."""
+    absolute = "agents" if module == "__init__" else f"agents.{module}"
+    problems = []
+    for line, name in imported_names(ast.parse(source), absolute, module == "__init__"):
+        top = name.split(".")[0]
+        if top == "agents":
+            problems.append(f"agents.{module}:{line} imports {name}: agents never import agents")
+        elif top == "run":
+            problems.append(f"agents.{module}:{line} imports run.py, which sits above agents")
+    return problems
+
+
+DISTRL_DIR = ROOT / "distrl"
+AGENTS_DIR = ROOT / "agents"
+DISTRL_FILES = sorted(DISTRL_DIR.rglob("*.py"))
+AGENT_FILES = sorted(AGENTS_DIR.rglob("*.py"))
+
+
+def test_the_tree_is_where_the_test_looks() -> None:
+    names = {module_name(p, DISTRL_DIR) for p in DISTRL_FILES}
+    assert {"__init__", "types", "actor", "learner", "runner"} <= names
+    assert "impala" in {module_name(p, AGENTS_DIR) for p in AGENT_FILES}
+
+
+@pytest.mark.parametrize("path", DISTRL_FILES, ids=lambda p: module_name(p, DISTRL_DIR))
+def test_distrl_module_follows_the_layer_table(path: Path) -> None:
+    module = module_name(path, DISTRL_DIR)
+    assert distrl_violations(module, path.read_text(), DISTRL_DIR) == []
+
+
+@pytest.mark.parametrize("path", AGENT_FILES, ids=lambda p: module_name(p, AGENTS_DIR))
+def test_agent_imports_distrl_only(path: Path) -> None:
+    assert agent_violations(module_name(path, AGENTS_DIR), path.read_text()) == []
+
+
+# The checker itself, on made-up sources: a rule that can never fire protects nothing.
+
+
+@pytest.mark.parametrize(
+    "module, source, expected",
+    [
+        ("actor", "from distrl.envs import VectorEnv\nfrom distrl import types", []),
+        ("losses", "from distrl import vtrace", []),
+        ("losses", "import distrl.vtrace as v", []),
+        ("vtrace", "from distrl.losses import entropy", ["distrl.vtrace:1 (layer 1) imports "
+                                                         "distrl.losses (layer 1)"]),
+        ("types", "from distrl.config import EnvConfig", ["distrl.types:1 (layer 0) imports "
+                                                          "distrl.config (layer 0)"]),
+        ("queues", "def f():\n    from distrl.actor import Actor",
+         ["distrl.queues:2 (layer 1) imports distrl.actor (layer 2)"]),
+        ("learner", "from . import runner", ["distrl.learner:1 (layer 2) imports "
+                                             "distrl.runner (layer 3)"]),
+        ("learner", "from .weights import WeightStore", []),
+        ("runner", "import agents.impala", ["distrl.runner:1 imports agents.impala"]),
+        ("config", "from distrl import __version__",
+         ["distrl.config:1 (layer 0) imports distrl.__init__ (layer 0)"]),
+        ("newmodule", "", ["distrl.newmodule is not in LAYERS"]),
+    ],
+)
+def test_the_distrl_checker_flags_what_it_should(module: str, source: str, expected: list[str]):
+    problems = distrl_violations(module, source, DISTRL_DIR)
+    assert len(problems) == len(expected), problems
+    for problem, start in zip(problems, expected, strict=True):
+        assert problem.startswith(start), problem
+
+
+def test_the_same_layer_allowances() -> None:
+    assert layer_of("replay.sum_tree") == layer_of("replay") == 1
+    assert layer_of("replay.sum_tree.SumTree") is None
+    # replay/ does not exist yet: the table, not the disk, resolves these names.
+    assert distrl_target("distrl.replay.storage.Storage", DISTRL_DIR) == "replay.storage"
+    assert distrl_target("distrl.ops.has_extension", DISTRL_DIR) == "ops"
+    assert distrl_violations("replay.buffer", "from distrl.replay import samplers\n"
+                             "from distrl.replay.storage import Storage", DISTRL_DIR) == []
+    assert distrl_violations("replay.sum_tree", "from distrl import ops", DISTRL_DIR) == []
+    assert len(distrl_violations("replay.buffer", "from distrl import queues", DISTRL_DIR)) == 1
+    # envs gets no same-layer extra: its brackets name only layer-0 modules.
+    assert len(distrl_violations("envs", "from distrl import models", DISTRL_DIR)) == 1
+
+
+@pytest.mark.parametrize(
+    "module, source, expected",
+    [
+        ("impala", "from distrl.runner import train_unroll_agent\nimport torch", 0),
+        ("apex", "from agents.impala import loss_fn", 1),
+        ("apex", "from . import impala", 1),
+        ("apex", "from .impala import loss_fn", 1),
+        ("__init__", "import importlib\nimportlib.import_module('agents.impala')", 0),
+        ("__init__", "from agents import impala", 1),
+        ("r2d2", "import run", 1),
+    ],
+)
+def test_the_agent_checker_flags_what_it_should(module: str, source: str, expected: int):
+    assert len(agent_violations(module, source)) == expected
