@@ -57,8 +57,8 @@ def reset_core_state(
     """Zero the recurrent state of the columns whose episode just ended."""
     if not core_state or not dones.any():
         return core_state
-    keep = torch.from_numpy(~dones).to(core_state[0].dtype).unsqueeze(-1)
-    return tuple(s * keep for s in core_state)
+    done = torch.from_numpy(dones).unsqueeze(-1)
+    return tuple(torch.where(done, torch.zeros_like(s), s) for s in core_state)
 
 
 @dataclass

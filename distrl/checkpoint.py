@@ -58,7 +58,10 @@ def save(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    for old in list_checkpoints(directory)[:-keep]:
+    # Prune by step among the others, never the file just written: a run resumed from an
+    # older checkpoint writes lower steps than the newest ones already there.
+    others = [p for p in list_checkpoints(directory) if p != final]
+    for old in others[: max(len(others) - (keep - 1), 0)]:
         old.unlink(missing_ok=True)
     return final
 

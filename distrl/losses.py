@@ -13,6 +13,13 @@ import torch.nn.functional as F
 REWARD_CLIPPING = ("none", "abs_one", "soft_asymmetric")
 
 
+def _check_time_major(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} must have shape [T, B] = {tuple(shape)}, got {tuple(tensor.shape)}"
+        )
+
+
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
     """Reward clipping applied by the learner; the actors always store raw rewards.
 
@@ -40,6 +47,10 @@ def policy_gradient_loss(
         actions_t: [T, B] int64 actions taken.
         advantages_t: [T, B] V-trace policy-gradient advantages (no gradient flows into them).
     """
+    if logits_t.dim() != 3:
+        raise ValueError(f"logits_t must have shape [T, B, A], got {tuple(logits_t.shape)}")
+    _check_time_major("actions_t", actions_t, logits_t.shape[:2])
+    _check_time_major("advantages_t", advantages_t, logits_t.shape[:2])
     log_probs = -F.cross_entropy(
         logits_t.flatten(0, 1), actions_t.flatten(0, 1), reduction="none"
     ).view_as(advantages_t)
@@ -48,6 +59,9 @@ def policy_gradient_loss(
 
 def baseline_loss(vs_t: torch.Tensor, values_t: torch.Tensor) -> torch.Tensor:
     """0.5 * sum_t,b (v_s - V(x_s))^2: the value regression towards V-trace targets (IMPALA 4.2)."""
+    if vs_t.dim() != 2:
+        raise ValueError(f"vs_t must have shape [T, B], got {tuple(vs_t.shape)}")
+    _check_time_major("values_t", values_t, vs_t.shape)
     return 0.5 * ((vs_t.detach() - values_t) ** 2).sum()
 
 
