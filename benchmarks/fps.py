@@ -60,12 +60,14 @@ def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float]
     return updates * frames_per_update / span, updates / span
 
 
-def ale_random_fps(game: str, num_envs: int, threads: int, seconds: float = 10.0) -> float:
+def ale_random_fps(
+    game: str, num_envs: int, threads: int, frame_skip: int, seconds: float = 10.0
+) -> float:
     """Frames/s of ale-py's AtariVectorEnv alone, random actions, DeepMind preprocessing."""
     from ale_py.vector_env import AtariVectorEnv
 
-    env = AtariVectorEnv(game, num_envs, num_threads=threads, reward_clipping=False,
-                         autoreset_mode="SameStep")
+    env = AtariVectorEnv(game, num_envs, num_threads=threads, frameskip=frame_skip,
+                         reward_clipping=False, autoreset_mode="SameStep")
     rng = np.random.default_rng(0)
     n_actions = env.single_action_space.n
     env.reset(seed=0)
@@ -77,7 +79,7 @@ def ale_random_fps(game: str, num_envs: int, threads: int, seconds: float = 10.0
         steps += num_envs
     elapsed = time.perf_counter() - start
     env.close()
-    return steps * 4 / elapsed
+    return steps * frame_skip / elapsed
 
 
 def main() -> None:
@@ -106,7 +108,8 @@ def main() -> None:
           f"{statistics.median(ups):.3f} learner updates/s over {args.repeats} repeats")
     if is_atari(cfg.env.id):
         envs = max(dist.actors, 1) * dist.envs_per_actor
-        ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1)
+        ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1,
+                             frame_skip=cfg.env.frame_skip)
         print(f"ale-py AtariVectorEnv alone ({envs} envs, {os.cpu_count()} threads, random "
               f"actions): {ale:,.0f} frames/s; ratio agent/ale = {median_fps / ale:.2f}")
 
