@@ -5,7 +5,9 @@ Actor-Learner Architectures", Section 4.1 (eq. 1), Section 4.2 (policy gradient)
 Remark 1 (the lambda variant ``c_i = lambda * min(c_bar, rho_i)``).
 
 Pure tensor functions: no config, no state. Targets are returned detached, as in the
-paper, where ``v_s`` is a regression target and the advantage a fixed weight.
+paper, where ``v_s`` is a regression target and the advantage a fixed weight. The
+``kernel`` argument picks the compiled op ``distrl::vtrace`` (csrc/) or the vectorised
+torch code here, the reference path (see :mod:`distrl.ops`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from distrl import ops
 
 
 class VTraceReturns(NamedTuple):
@@ -49,7 +53,7 @@ def _discounted_scan(deltas: torch.Tensor, coefs: torch.Tensor) -> torch.Tensor:
     ``v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1}))``). A Python loop
     over ``T`` of ``[B]``-vector ops: ``T`` is short (an unroll), and a loop-free form
     via cumulative products would divide by products of discounts that are zero at
-    episode ends. A compiled op is meant to replace this one function.
+    episode ends. The compiled op does this whole function in one C++/CUDA pass.
 
     Args:
       deltas: [T, B] the summands ``delta_t``.
@@ -76,6 +80,8 @@ def from_importance_weights(
     clip_c_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    *,
+    kernel: str = "auto",
 ) -> VTraceReturns:
     """V-trace targets and advantages from log importance weights (IMPALA eq. 1, Remark 1).
 
@@ -102,12 +108,15 @@ def from_importance_weights(
       clip_c_threshold: ``c_bar``; None means no clipping.
       clip_pg_rho_threshold: ``rho_bar`` of the policy-gradient advantage; None, no clipping.
       lambda_: the ``lambda`` of Remark 1, multiplying every ``c_i``.
+      kernel: ``auto`` (compiled op where built, else the torch reference), ``compiled``
+        or ``reference``; see :mod:`distrl.ops`.
 
     Returns:
       VTraceReturns with ``vs`` [T, B] and ``pg_advantages`` [T, B], both detached.
 
     Raises:
       ValueError: a shape or dtype does not match, or a threshold is not positive.
+      distrl.ops.KernelError: ``kernel="compiled"`` and the op is not built for the device.
     """
     if log_rhos.dim() != 2:
         raise ValueError(f"log_rhos must have shape [T, B], got {tuple(log_rhos.shape)}")
@@ -126,6 +135,12 @@ def from_importance_weights(
         raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
 
     with torch.no_grad():
+        if ops.use_compiled(kernel, "vtrace", log_rhos.device):
+            vs, pg_advantages = ops.vtrace(
+                log_rhos, discounts, rewards, values, bootstrap_value,
+                clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, lambda_,
+            )
+            return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
         rhos_t = torch.exp(log_rhos)
         clipped_rhos_t = (
             rhos_t if clip_rho_threshold is None else rhos_t.clamp(max=clip_rho_threshold)
@@ -175,6 +190,8 @@ def from_logits(
     clip_c_threshold: float | None = 1.0,
     clip_pg_rho_threshold: float | None = 1.0,
     lambda_: float = 1.0,
+    *,
+    kernel: str = "auto",
 ) -> VTraceReturns:
     """V-trace (IMPALA eq. 1, Remark 1) with importance weights from softmax policies.
 
@@ -191,7 +208,7 @@ def from_logits(
       rewards: [T, B] ``r_t``.
       values: [T, B] ``V(x_t)``.
       bootstrap_value: [B] ``V(x_T)``.
-      clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, lambda_: as in
+      clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, lambda_, kernel: as in
         :func:`from_importance_weights`.
 
     Returns:
@@ -216,4 +233,5 @@ def from_logits(
         clip_c_threshold=clip_c_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold,
         lambda_=lambda_,
+        kernel=kernel,
     )

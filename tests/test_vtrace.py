@@ -2,7 +2,8 @@
 
 The vectorised path is checked against the naive eq. 1 sum in tests/reference.py, against
 the n-step return it must reduce to on-policy, against hand-computed numbers, and for
-invariance under splitting the trace in time.
+invariance under splitting the trace in time. Every test runs twice, once on the torch
+reference path and once on the compiled op (skipped where distrl._C is not built).
 """
 
 from __future__ import annotations
@@ -15,10 +16,25 @@ import pytest
 import torch
 from reference import vtrace_naive
 
-from distrl import vtrace
+from distrl import ops, vtrace
 from distrl.vtrace import VTraceReturns, action_log_probs, from_importance_weights, from_logits
 
 SHAPES = [(1, 1), (1, 5), (7, 3), (20, 8)]
+
+
+@pytest.fixture(
+    autouse=True,
+    params=[
+        "reference",
+        pytest.param("compiled", marks=pytest.mark.skipif(
+            not ops.has_extension(), reason="distrl._C is not built")),
+    ],
+)
+def kernel(request, monkeypatch):
+    """Run the test on one kernel path by changing the default of both entry points."""
+    for fn in (from_importance_weights, from_logits):
+        monkeypatch.setitem(fn.__kwdefaults__, "kernel", request.param)
+    return request.param
 
 # (clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold)
 CLIPS = {

@@ -1,0 +1,1 @@
+"""Replay for the value-based agents (Ape-X, R2D2): storage, priorities, sampling, writers."""
