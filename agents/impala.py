@@ -117,6 +117,7 @@ def loss_fn(
     clip_c_threshold: float | None,
     clip_pg_rho_threshold: float | None,
     vtrace_lambda: float,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, dict[str, float], None]:
     """IMPALA loss (Section 4.2): V-trace policy gradient + baseline_cost * value loss
     - entropy_cost * entropy, summed over the ``[T, B]`` unroll.
@@ -137,7 +138,7 @@ def loss_fn(
         actions=unroll.actions, discounts=discounts_t, rewards=rewards_t,
         values=values_t.detach(), bootstrap_value=bootstrap_value.detach(),
         clip_rho_threshold=clip_rho_threshold, clip_c_threshold=clip_c_threshold,
-        clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=vtrace_lambda,
+        clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=vtrace_lambda, kernel=kernel,
     )
     pg_loss = losses.policy_gradient_loss(target_logits_t, unroll.actions, targets.pg_advantages)
     value_loss = losses.baseline_loss(targets.vs, values_t)
@@ -156,8 +157,8 @@ def loss_fn(
 # ---------------------------------------------------------------- parts and run
 
 
-def parts(cfg: ImpalaConfig) -> Any:
-    """The pieces the runner wires together for IMPALA."""
+def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
+    """The pieces the runner wires together for IMPALA; ``kernel`` picks the V-trace path."""
     from distrl.runner import UnrollAgentParts
 
     return UnrollAgentParts(
@@ -169,6 +170,7 @@ def parts(cfg: ImpalaConfig) -> Any:
             entropy_cost=cfg.entropy_cost, reward_clipping=cfg.reward_clipping,
             clip_rho_threshold=cfg.clip_rho_threshold, clip_c_threshold=cfg.clip_c_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, vtrace_lambda=cfg.vtrace_lambda,
+            kernel=kernel,
         ),
         policy_extras=policy_extras,
         unroll_length=cfg.unroll_length,
@@ -184,6 +186,6 @@ def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     settings = RunSettings(
         env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
         seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
-        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)), kernel=cfg.kernel,
     )
-    return train_unroll_agent(parts(cfg.agent), settings, should_stop=should_stop)
+    return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

@@ -208,10 +208,17 @@ class RunConfig:
     seed: int = 0
     total_frames: int = 200_000_000  # IMPALA's Atari budget; env frames (agent steps x frame_skip)
     resume: Optional[str] = None  # path of a checkpoint (or a run directory) to continue from
+    # V-trace and sum-tree ops: compiled distrl._C where built (auto), only compiled
+    # (refused if missing), or the pure-torch reference; the run logs which path it took.
+    kernel: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("total_frames", self.total_frames)
         check_non_negative("seed", self.seed)
+        check_choice("kernel", self.kernel, KERNELS)
+
+
+KERNELS = ("auto", "compiled", "reference")  # the choices of distrl.ops.KERNEL_CHOICES
 
 
 def register_configs() -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl import checkpoint
+from distrl import checkpoint, ops
 from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, UnrollSink
 from distrl.config import (
     CheckpointConfig,
@@ -76,6 +76,7 @@ class RunSettings:
     total_frames: int
     resume: str | None = None
     config_text: str = ""  # the resolved config, stored in tensorboard and checkpoints
+    kernel: str = "auto"  # compiled ops or the torch reference (distrl.ops)
 
 
 def seed_everything(seed: int) -> None:
@@ -256,6 +257,10 @@ def train_unroll_agent(
             f"agent.batch_size ({parts.batch_size}) must be a multiple of the envs per group, "
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
+    try:  # before anything is written: kernel=compiled without distrl._C is refused here
+        kernel_line = ops.kernel_summary(settings.kernel, "cpu")
+    except ops.KernelError as error:
+        raise ConfigError(str(error)) from None
     run_dir, resumed = make_run_dir(settings, parts.name)
     seed_everything(settings.seed)
     torch.set_num_threads(dist.learner_threads)
@@ -317,6 +322,7 @@ def train_unroll_agent(
                f"env_threads={dist.env_threads} actors={dist.actors} "
                f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}")
     print(f"[distrl] run_dir={run_dir} {threads}", flush=True)
+    print(f"[distrl] {kernel_line}", flush=True)
     if not resumed:
         logger.text("config", f"```\n{settings.config_text}\n```")
 

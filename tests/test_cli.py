@@ -87,6 +87,12 @@ def test_unknown_config_key_is_named(tmp_path: Path) -> None:
     assert_hydra_error(result, "distributed.nonsense", "DistributedConfig")
 
 
+def test_unknown_kernel_lists_the_choices(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "kernel=fast")
+    assert_distrl_error(result, "kernel must be one of auto, compiled, reference", "'fast'")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_wrong_type_names_field_and_type(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "distributed.actors=abc")
     assert_hydra_error(result, "distributed.actors", "'abc'", "Integer")

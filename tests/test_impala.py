@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from agents import impala
+from distrl import ops
 from distrl.config import (
     CheckpointConfig,
+    ConfigError,
     DistributedConfig,
     EnvConfig,
     LogConfig,
@@ -36,9 +40,18 @@ def cartpole_config(tmp_path, name: str, actors: int = 0, total_frames: int = CA
     )
 
 
-def test_loss_on_policy_reduces_to_actor_critic():
+KERNELS = [
+    "reference",
+    pytest.param("compiled", marks=pytest.mark.skipif(not ops.has_extension(),
+                                                      reason="distrl._C is not built")),
+]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_loss_on_policy_reduces_to_actor_critic(kernel):
     """With mu == pi, rho = 1, so the pg advantage is r + gamma * v_{s+1} - V(x_s) and the
-    baseline loss regresses onto the n-step return; checked on a 2-step unroll by hand."""
+    baseline loss regresses onto the n-step return; checked on a 2-step unroll by hand,
+    through both V-trace paths."""
     torch.manual_seed(0)
     model = impala.make_network((3,), 2, ModelConfig(torso="mlp", hidden_size=8))
     obs = torch.randn(3, 1, 3)
@@ -52,7 +65,7 @@ def test_loss_on_policy_reduces_to_actor_critic():
     loss, metrics, _ = impala.loss_fn(
         model, unroll, discount=0.9, baseline_cost=0.5, entropy_cost=0.0,
         reward_clipping="none", clip_rho_threshold=1.0, clip_c_threshold=1.0,
-        clip_pg_rho_threshold=1.0, vtrace_lambda=1.0,
+        clip_pg_rho_threshold=1.0, vtrace_lambda=1.0, kernel=kernel,
     )
     v0, v1, v2 = values[:, 0].tolist()
     vs1 = 2.0 + 0.9 * v2  # one-step target from x_1
@@ -89,6 +102,23 @@ def test_loss_resets_core_state_where_the_previous_step_ended_an_episode():
                    clip_pg_rho_threshold=1.0, vtrace_lambda=1.0)
     expected = torch.tensor([[False, False], [True, False], [False, False], [False, True]])
     assert torch.equal(seen["resets"], expected)
+
+
+def test_run_logs_the_kernel_path(tmp_path, capsys):
+    impala.run(dataclasses.replace(cartpole_config(tmp_path, "ref", total_frames=640),
+                                   kernel="reference"))
+    assert "[distrl] kernel=reference: pure-torch reference ops on cpu (as asked)\n" in (
+        capsys.readouterr().out
+    )
+
+
+def test_kernel_compiled_without_extension_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(ops, "_LOAD_ERROR", "No module named 'distrl._C'")
+    cfg = dataclasses.replace(cartpole_config(tmp_path, "nope", total_frames=640),
+                              kernel="compiled")
+    with pytest.raises(ConfigError, match=r"kernel=compiled but distrl._C is not loaded"):
+        impala.run(cfg)
+    assert not (tmp_path / "nope").exists()
 
 
 def test_resume_continues_update_counter_and_learning_rate(tmp_path):
