@@ -38,6 +38,7 @@ def _load() -> Optional[str]:
 
 
 _LOAD_ERROR = _load()
+_PATHS: dict[tuple[str, str, str, Optional[str]], bool] = {}  # use_compiled's answers
 
 
 def has_extension() -> bool:
@@ -85,12 +86,18 @@ def use_compiled(kernel: str, op: str, device: torch.device | str) -> bool:
         ValueError: ``kernel`` is not auto|compiled|reference.
         KernelError: ``kernel == "compiled"`` and the op is not built for ``device``.
     """
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    key = (kernel, op, device_type, _LOAD_ERROR)
+    cached = _PATHS.get(key)  # asked on every V-trace call: keep it off the hot path
+    if cached is not None:
+        return cached
     check_kernel_choice(kernel)
     if kernel == "reference":
         return False
-    available = has_kernel(op, device)
+    available = has_kernel(op, device_type)
     if kernel == "compiled" and not available:
-        raise KernelError(_missing(op, device))
+        raise KernelError(_missing(op, device_type))
+    _PATHS[key] = available
     return available
 
 
