@@ -119,7 +119,8 @@ std::tuple<at::Tensor, at::Tensor> sum_tree_sample_cpu(const at::Tensor& tree,
     const double total = sums[1];
     TORCH_CHECK(std::isfinite(total) && total > 0,
                 "sum_tree_sample: cannot sample, the total priority is ", total,
-                " (an empty tree or one holding only zeros)");
+                "; it must be finite and > 0 (all priorities zero, or a sum past the dtype's "
+                "range)");
     for (int64_t i = 0; i < batch; ++i) {
       TORCH_CHECK(u[i] >= 0 && u[i] < 1, "sum_tree_sample: uniforms must lie in [0, 1), got ",
                   u[i], " at position ", i);

@@ -138,6 +138,9 @@ def sum_tree_update(tree: torch.Tensor, indices: torch.Tensor, priorities: torch
       tree: [2, 2L] sum tree (row 0 sums, row 1 minima; layout in csrc/sum_tree.h).
       indices: [N] int64 leaf indices in ``[0, L)``.
       priorities: [N] finite, non-negative, the tree's dtype.
+
+    The CPU kernel checks indices and priorities; the CUDA kernel does not (a check would
+    synchronise), so validate first, as :meth:`distrl.replay.sum_tree.SumTree.update` does.
     """
     _require("sum_tree_update")
     torch.ops.distrl.sum_tree_update(tree, indices, priorities)
@@ -155,7 +158,8 @@ def sum_tree_sample(
       uniforms: [N] in ``[0, 1)``, the tree's dtype.
 
     Returns:
-      ``(indices [N] int64, probabilities [N])`` with ``P(i) = p_i / total``.
+      ``(indices [N] int64, probabilities [N])`` with ``P(i) = p_i / total``. The CPU
+      kernel raises on a total that is zero or infinite; the CUDA kernel returns index -1.
     """
     _require("sum_tree_sample")
     return torch.ops.distrl.sum_tree_sample(tree, uniforms)

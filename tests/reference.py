@@ -76,3 +76,108 @@ def vtrace_naive(
             rho_pg = clip(ratio[s], clip_pg_rho_threshold)
             pg_advantages[s, b] = rho_pg * (rewards[s, b] + discounts[s, b] * v_next - values[s, b])
     return vs, pg_advantages
+
+
+# ------------------------------------------------------------------ prioritized replay
+
+
+def priorities_after_updates(capacity: int, batches: list) -> np.ndarray:
+    """The priority of every item after a sequence of update batches, one write at a time.
+
+    Schaul et al. 2016 ("Prioritized Experience Replay"), Section 3.3: each transition
+    carries a priority ``p_i`` that is overwritten whenever its TD error is recomputed.
+    Writes are applied in order, batch after batch and element after element, so an
+    index repeated inside a batch keeps its last priority.
+
+    Args:
+      capacity: number of items; all start at priority 0.
+      batches: a list of ``(indices [N], priorities [N])`` pairs (lists or arrays).
+
+    Returns:
+      [capacity] float64 array of priorities.
+    """
+    priorities = np.zeros(capacity, dtype=np.float64)
+    for indices, values in batches:
+        indices = np.asarray(indices).tolist()
+        values = np.asarray(values, dtype=np.float64).tolist()
+        for index, value in zip(indices, values, strict=True):
+            priorities[index] = value
+    return priorities
+
+
+def stratified_sample_naive(
+    priorities: np.ndarray, uniforms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified proportional sampling by a linear scan of the cumulative sum.
+
+    Schaul et al. 2016, Section 3.3, eq. 1 (with ``alpha`` already applied, so the
+    stored priority is ``p_i^alpha``): ``P(i) = p_i / sum_k p_k``. Appendix B.2.1: the
+    range ``[0, total)`` is cut into ``N`` equal segments and draw ``i`` takes the item
+    whose cumulative-sum interval holds the mass ``m_i = (i + u_i) * (total / N)``, i.e.
+    the ``j`` with ``cumsum[j-1] <= m_i < cumsum[j]`` (such a ``j`` has ``p_j > 0``). If
+    round-off puts ``m_i >= total``, the last item with a positive priority is taken.
+
+    The mass is evaluated as ``(i + u_i) * (total / N)`` in float64, the order the
+    distrl kernels use, so that a mass falling exactly on an interval edge is the same
+    number in both; with integer-valued priorities every later step is exact.
+
+    Args:
+      priorities: [capacity] non-negative, with a positive sum.
+      uniforms: [N] in ``[0, 1)``.
+
+    Returns:
+      ``(indices [N] int64, probabilities [N] float64)``.
+    """
+    priorities = np.asarray(priorities, dtype=np.float64)
+    uniforms = np.asarray(uniforms, dtype=np.float64)
+    cumsum = []
+    running = 0.0
+    for p in priorities.tolist():
+        running += p
+        cumsum.append(running)
+    total = running
+    if not total > 0:
+        raise ValueError("stratified_sample_naive: the priorities are all zero")
+    last_positive = max(j for j, p in enumerate(priorities.tolist()) if p > 0)
+    n = len(uniforms)
+    indices = np.zeros(n, dtype=np.int64)
+    probabilities = np.zeros(n, dtype=np.float64)
+    for i in range(n):
+        mass = (i + float(uniforms[i])) * (total / n)
+        chosen = last_positive
+        for j in range(len(cumsum)):
+            if mass < cumsum[j]:
+                chosen = j
+                break
+        indices[i] = chosen
+        probabilities[i] = priorities[chosen] / total
+    return indices, probabilities
+
+
+def importance_weights_naive(
+    priorities: np.ndarray, drawn_indices: np.ndarray, beta: float, n_items: int
+) -> np.ndarray:
+    """Normalised importance-sampling weights, straight from the formula.
+
+    Schaul et al. 2016, Section 3.4: ``w_i = (N * P(i))^-beta``, normalised by
+    ``max_j w_j`` so that weights only ever scale the update down; ``P(i) = p_i / total``
+    (Section 3.3, eq. 1). The maximum is taken over every stored item ``j`` with
+    ``p_j > 0`` (items that can be drawn), not only over the drawn ones.
+
+    Args:
+      priorities: [capacity] non-negative, with a positive sum.
+      drawn_indices: [B] indices of drawn items (each with ``p > 0``).
+      beta: the exponent.
+      n_items: ``N``, the number of stored items (it cancels in the normalisation).
+
+    Returns:
+      [B] float64 weights in ``(0, 1]``.
+    """
+    priorities = np.asarray(priorities, dtype=np.float64).tolist()
+    total = sum(priorities)
+
+    def weight(j: int) -> float:
+        return (n_items * (priorities[j] / total)) ** (-beta)
+
+    max_weight = max(weight(j) for j in range(len(priorities)) if priorities[j] > 0)
+    return np.array([weight(int(i)) / max_weight for i in np.asarray(drawn_indices).tolist()])

@@ -58,7 +58,9 @@ __global__ void sample_kernel(const scalar_t* sums, int64_t leaves, int depth,
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= batch) return;
   const double total = sums[1];
-  if (!(total > 0)) {  // the Python wrapper refuses an empty tree before launching
+  // SumTree.sample refuses an empty or overflowed tree before launching; called raw, the
+  // op marks every draw with index -1 rather than synchronising to raise.
+  if (!(total > 0) || isinf(total)) {
     out_indices[i] = -1;
     out_probabilities[i] = 0;
     return;

@@ -13,6 +13,7 @@ vectorised torch functions :func:`update_reference` / :func:`sample_reference` h
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -154,12 +155,17 @@ class SumTree:
         if priorities.shape != indices.shape:
             raise ValueError(f"priorities must have the shape of indices {tuple(indices.shape)}, "
                              f"got {tuple(priorities.shape)}")
-        # The op checks [0, L); slots between capacity and L must stay empty.
-        if self.capacity < self.leaves and indices.numel() and indices.max() >= self.capacity:
-            raise ValueError(
-                f"indices must lie in [0, {self.capacity}), got {indices.max().item()}"
-            )
         priorities = priorities.to(self.tree.dtype)
+        on_cpu = self.tree.device.type == "cpu"
+        # The CPU op checks indices in [0, L) and priorities itself; slots between capacity
+        # and L must stay empty, and the CUDA op checks nothing on the host (a bad index
+        # would be a device-side assert, which ends the CUDA context).
+        if indices.numel() and (not on_cpu or self.capacity < self.leaves):
+            low, high = int(indices.min()), int(indices.max())
+            if low < 0 or high >= self.capacity:
+                raise ValueError(f"indices must lie in [0, {self.capacity}), got {low}..{high}")
+        if not on_cpu and not bool((torch.isfinite(priorities) & (priorities >= 0)).all()):
+            raise ValueError("sum_tree_update: priorities must be finite and >= 0")
         if self._compiled_update:
             ops.sum_tree_update(self.tree, indices, priorities)
         else:
@@ -171,8 +177,12 @@ class SumTree:
         """``batch_size`` stratified proportional draws: ``(indices, probabilities)``."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size}")
-        if not self.total() > 0:
+        total = self.total()
+        if not total > 0:
             raise ValueError("cannot sample from a sum tree whose priorities are all zero")
+        if not math.isfinite(total):
+            raise ValueError(f"cannot sample: the total priority overflowed {self.tree.dtype} "
+                             f"({total}); use dtype=torch.float64 or smaller priorities")
         uniforms = torch.rand(batch_size, generator=generator, dtype=self.tree.dtype,
                               device=self.tree.device)
         if self._compiled_sample:
