@@ -21,7 +21,7 @@ class MetricLogger:
         log_dir: tensorboard directory, or None to log to the console only.
         interval_s: seconds between reports.
         purge_step: on resume, the frame count to continue from (later events are dropped).
-        stream: where the console line goes.
+        stream: where the console line goes; None means whatever ``sys.stdout`` is then.
     """
 
     def __init__(
@@ -29,7 +29,7 @@ class MetricLogger:
         log_dir: str | None,
         interval_s: float = 5.0,
         purge_step: int | None = None,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,
     ):
         self.interval_s = interval_s
         self.stream = stream
@@ -79,7 +79,7 @@ class MetricLogger:
                 self._writer.add_scalar(name, value, frames)
             self._writer.flush()
         shown = " ".join(f"{name.split('/')[-1]}={_fmt(value)}" for name, value in headline.items())
-        print(f"[distrl] frames={frames} {shown}", file=self.stream, flush=True)
+        print(f"[distrl] frames={frames} {shown}", file=self.stream or sys.stdout, flush=True)
         self._sums.clear()
         self._counts.clear()
         self._last_report = time.monotonic()
