@@ -19,6 +19,28 @@
 namespace distrl {
 namespace {
 
+// Sorts non-negative keys below 2^bits in place: LSD radix sort, 11 bits per pass. For a
+// batch of a few hundred nodes this is several times faster than std::sort, whose
+// comparisons of random keys mispredict about every other branch.
+void radix_sort(std::vector<int64_t>& keys, int bits) {
+  constexpr int kDigitBits = 11;
+  constexpr int64_t kBuckets = int64_t{1} << kDigitBits;
+  std::vector<int64_t> scratch(keys.size());
+  std::vector<int64_t> counts(kBuckets);
+  for (int shift = 0; shift < bits; shift += kDigitBits) {
+    std::fill(counts.begin(), counts.end(), 0);
+    for (const int64_t key : keys) ++counts[(key >> shift) & (kBuckets - 1)];
+    int64_t position = 0;
+    for (int64_t& count : counts) {
+      const int64_t here = count;
+      count = position;
+      position += here;
+    }
+    for (const int64_t key : keys) scratch[counts[(key >> shift) & (kBuckets - 1)]++] = key;
+    keys.swap(scratch);
+  }
+}
+
 template <typename scalar_t>
 void update_cpu(scalar_t* sums, scalar_t* mins, int64_t leaves, const int64_t* indices,
                 const scalar_t* priorities, int64_t batch) {
@@ -40,7 +62,11 @@ void update_cpu(scalar_t* sums, scalar_t* mins, int64_t leaves, const int64_t* i
     mins[node] = priorities[i] > 0 ? priorities[i] : kNone;
     nodes[i] = node;
   }
-  std::sort(nodes.begin(), nodes.end());
+  if (nodes.size() < 64) {
+    std::sort(nodes.begin(), nodes.end());
+  } else {
+    radix_sort(nodes, sum_tree_depth(leaves) + 1);  // nodes < 2L = 2^(depth+1)
+  }
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
   // All nodes share a depth; a sorted unique list stays sorted under >> 1, so adjacent
   // duplicates are the only ones and each ancestor is recomputed once per level.

@@ -21,31 +21,54 @@
 namespace distrl {
 namespace {
 
+// One time step over a run of columns. Restrict-qualified parameters (the buffers never
+// overlap) let the compiler vectorise the loop; the step's order of arithmetic matches
+// distrl/vtrace.py.
+template <typename scalar_t>
+inline void vtrace_step(int64_t width, const scalar_t* __restrict__ rho_t,
+                        const scalar_t* __restrict__ gamma_t,
+                        const scalar_t* __restrict__ reward_t,
+                        const scalar_t* __restrict__ value_t, scalar_t rho_bar, scalar_t c_bar,
+                        scalar_t pg_rho_bar, scalar_t lambda, scalar_t* __restrict__ carry,
+                        scalar_t* __restrict__ next_value, scalar_t* __restrict__ next_vs,
+                        scalar_t* __restrict__ vs_t, scalar_t* __restrict__ pg_t) {
+  for (int64_t b = 0; b < width; ++b) {
+    const scalar_t rho = rho_t[b];
+    const scalar_t gamma = gamma_t[b];
+    const scalar_t reward = reward_t[b];
+    const scalar_t value = value_t[b];
+    const scalar_t clipped_rho = rho < rho_bar ? rho : rho_bar;
+    const scalar_t c = lambda * (rho < c_bar ? rho : c_bar);
+    const scalar_t delta = clipped_rho * (reward + gamma * next_value[b] - value);
+    const scalar_t carried = delta + (gamma * c) * carry[b];
+    const scalar_t vs_here = value + carried;
+    pg_t[b] = (rho < pg_rho_bar ? rho : pg_rho_bar) * (reward + gamma * next_vs[b] - value);
+    vs_t[b] = vs_here;
+    carry[b] = carried;
+    next_value[b] = value;
+    next_vs[b] = vs_here;
+  }
+}
+
 template <typename scalar_t>
 void vtrace_columns(const scalar_t* rhos, const scalar_t* discounts, const scalar_t* rewards,
                     const scalar_t* values, const scalar_t* bootstrap, int64_t steps,
                     int64_t batch, int64_t begin, int64_t end, scalar_t rho_bar, scalar_t c_bar,
                     scalar_t pg_rho_bar, scalar_t lambda, scalar_t* vs, scalar_t* pg_advantages) {
-  // acc_b = v_{t+1} - V(x_{t+1}) for the columns [begin, end), zero past the last step.
-  std::vector<scalar_t> acc(static_cast<size_t>(end - begin), scalar_t(0));
+  // For the columns [begin, end): carry = v_{t+1} - V(x_{t+1}) (zero past the last step),
+  // next_value = V(x_{t+1}) and next_vs = v_{t+1} (both the bootstrap at t = T-1).
+  const int64_t width = end - begin;
+  std::vector<scalar_t> state(static_cast<size_t>(3 * width), scalar_t(0));
+  scalar_t* carry = state.data();
+  scalar_t* next_value = carry + width;
+  scalar_t* next_vs = next_value + width;
+  std::copy(bootstrap + begin, bootstrap + end, next_value);
+  std::copy(bootstrap + begin, bootstrap + end, next_vs);
   for (int64_t t = steps - 1; t >= 0; --t) {
-    const int64_t row = t * batch;
-    const scalar_t* values_tp1 = t + 1 < steps ? values + row + batch : bootstrap;
-    const scalar_t* vs_tp1 = t + 1 < steps ? vs + row + batch : bootstrap;
-    for (int64_t b = begin; b < end; ++b) {
-      const scalar_t rho = rhos[row + b];
-      const scalar_t gamma = discounts[row + b];
-      const scalar_t reward = rewards[row + b];
-      const scalar_t value = values[row + b];
-      const scalar_t clipped_rho = std::min(rho, rho_bar);
-      const scalar_t c = lambda * std::min(rho, c_bar);
-      const scalar_t delta = clipped_rho * (reward + gamma * values_tp1[b] - value);
-      scalar_t& carry = acc[b - begin];
-      carry = delta + (gamma * c) * carry;
-      vs[row + b] = value + carry;
-      pg_advantages[row + b] =
-          std::min(rho, pg_rho_bar) * (reward + gamma * vs_tp1[b] - value);
-    }
+    const int64_t row = t * batch + begin;
+    vtrace_step<scalar_t>(width, rhos + row, discounts + row, rewards + row, values + row,
+                          rho_bar, c_bar, pg_rho_bar, lambda, carry, next_value, next_vs,
+                          vs + row, pg_advantages + row);
   }
 }
 
