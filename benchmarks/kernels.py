@@ -2,9 +2,10 @@
 
     python benchmarks/kernels.py [--repeats 5] [--calls 300] [--warmup 30] [--json FILE]
 
-Single thread (``torch.set_num_threads(1)``). Each repeat times every method of a case
-in turn (side by side, same process), ``--calls`` calls each after ``--warmup`` calls;
-a method's figure is the median over repeats of its per-repeat median. Ratios are
+Single thread (``torch.set_num_threads(1)``). After ``--warmup`` calls each, the
+methods of a case take turns in blocks of 25 calls until each has made ``--calls``
+calls (side by side, same process); a method's figure is the median over ``--repeats``
+of its per-repeat median. Ratios are
 taken between those figures. Sum-tree calls cycle through 1,000 pre-drawn random
 batches, so the tree is not cache-hot from reusing one batch.
 
@@ -113,29 +114,40 @@ def vtrace_python_loop(
 # ------------------------------------------------------------------ timing
 
 
-def time_calls(fn: Callable[[], object], calls: int, warmup: int, sync: bool) -> float:
-    """Median microseconds of one call of ``fn`` (synchronising CUDA after each if asked)."""
-    for _ in range(warmup):
-        fn()
-    if sync:
-        torch.cuda.synchronize()
+def time_calls(fn: Callable[[], object], calls: int, sync: bool) -> list[float]:
+    """Microseconds of each of ``calls`` calls of ``fn`` (CUDA synchronised after each)."""
     times = []
     for _ in range(calls):
         start = time.perf_counter_ns()
         fn()
         if sync:
             torch.cuda.synchronize()
-        times.append(time.perf_counter_ns() - start)
-    return statistics.median(times) / 1e3
+        times.append((time.perf_counter_ns() - start) / 1e3)
+    return times
+
+
+BLOCK = 25  # calls of one method before the next method's turn
 
 
 def measure(methods: dict[str, Callable[[], object]], args: argparse.Namespace,
             sync: bool = False) -> dict[str, float]:
-    """Median over repeats of each method's median call time; methods alternate per repeat."""
+    """Median over repeats of each method's median call time.
+
+    Within a repeat the methods take turns in blocks of ``BLOCK`` calls, so a slow spell
+    of this shared machine (a noisy neighbour, a busy memory bus) falls on all of them
+    alike and the ratios stay side by side.
+    """
+    for fn in methods.values():
+        for _ in range(args.warmup):
+            fn()
     runs: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(args.repeats):
-        for name, fn in methods.items():
-            runs[name].append(time_calls(fn, args.calls, args.warmup, sync))
+        times: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(0, args.calls, BLOCK):
+            for name, fn in methods.items():
+                times[name] += time_calls(fn, BLOCK, sync)
+        for name in methods:
+            runs[name].append(statistics.median(times[name]))
     return {name: statistics.median(values) for name, values in runs.items()}
 
 
