@@ -68,8 +68,7 @@ def check_kernel_choice(kernel: str) -> None:
         raise ValueError(f"kernel must be one of {'|'.join(KERNEL_CHOICES)}, got {kernel!r}")
 
 
-def _missing(op: str, device: torch.device | str) -> str:
-    device_type = torch.device(device).type
+def _missing(op: str, device_type: str) -> str:
     if not has_extension():
         return f"kernel=compiled but distrl._C is not loaded ({_LOAD_ERROR}); {BUILD_HINT}"
     return (

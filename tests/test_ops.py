@@ -14,6 +14,7 @@ import torch
 from reference import vtrace_naive
 
 from distrl import ops, vtrace
+from distrl.config import KERNELS
 
 needs_extension = pytest.mark.skipif(not ops.has_extension(), reason="distrl._C is not built")
 DEVICES = [
@@ -181,6 +182,11 @@ def test_kernel_choice_is_validated():
         vtrace.from_importance_weights(*_inputs(2, 2, torch.float32, "cpu"), kernel="fast")
     with pytest.raises(ValueError, match="op must be one of"):
         ops.has_kernel("vtrace2", "cpu")
+
+
+def test_config_offers_the_kernel_choices_of_ops():
+    """config.py may not import ops (same layer), so it keeps its own copy of the tuple."""
+    assert KERNELS == ops.KERNEL_CHOICES
 
 
 def test_reference_is_always_reference():

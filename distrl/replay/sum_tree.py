@@ -45,6 +45,19 @@ def _depth(tree: torch.Tensor) -> tuple[int, int]:
     return leaves, leaves.bit_length() - 1
 
 
+def _check_indices(indices: torch.Tensor, limit: int) -> None:
+    if indices.numel():
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= limit:
+            raise ValueError(f"sum_tree_update: indices must lie in [0, {limit}), "
+                             f"got {low}..{high}")
+
+
+def _check_priorities(priorities: torch.Tensor) -> None:
+    if not bool((torch.isfinite(priorities) & (priorities >= 0)).all()):
+        raise ValueError("sum_tree_update: priorities must be finite and >= 0")
+
+
 def update_reference(tree: torch.Tensor, indices: torch.Tensor, priorities: torch.Tensor) -> None:
     """Set leaves ``indices`` to ``priorities`` in place; the torch twin of the compiled op.
 
@@ -59,11 +72,8 @@ def update_reference(tree: torch.Tensor, indices: torch.Tensor, priorities: torc
     leaves, depth = _depth(tree)
     if indices.numel() == 0:
         return
-    if ((indices < 0) | (indices >= leaves)).any():
-        raise ValueError(f"sum_tree_update: indices must lie in [0, {leaves}), got "
-                         f"{indices.min().item()}..{indices.max().item()}")
-    if not (torch.isfinite(priorities) & (priorities >= 0)).all():
-        raise ValueError("sum_tree_update: priorities must be finite and >= 0")
+    _check_indices(indices, leaves)
+    _check_priorities(priorities)
     unique, inverse = torch.unique(indices, return_inverse=True)
     order = torch.arange(indices.numel(), device=indices.device)
     last = torch.full_like(unique, -1).scatter_reduce(0, inverse, order, reduce="amax")
@@ -156,16 +166,15 @@ class SumTree:
             raise ValueError(f"priorities must have the shape of indices {tuple(indices.shape)}, "
                              f"got {tuple(priorities.shape)}")
         priorities = priorities.to(self.tree.dtype)
-        on_cpu = self.tree.device.type == "cpu"
-        # The CPU op checks indices in [0, L) and priorities itself; slots between capacity
-        # and L must stay empty, and the CUDA op checks nothing on the host (a bad index
-        # would be a device-side assert, which ends the CUDA context).
-        if indices.numel() and (not on_cpu or self.capacity < self.leaves):
-            low, high = int(indices.min()), int(indices.max())
-            if low < 0 or high >= self.capacity:
-                raise ValueError(f"indices must lie in [0, {self.capacity}), got {low}..{high}")
-        if not on_cpu and not bool((torch.isfinite(priorities) & (priorities >= 0)).all()):
-            raise ValueError("sum_tree_update: priorities must be finite and >= 0")
+        if self._compiled_update and self.tree.device.type != "cpu":
+            # The CUDA op checks nothing on the host: a bad index would be a device-side
+            # assert, which ends the CUDA context.
+            _check_indices(indices, self.capacity)
+            _check_priorities(priorities)
+        elif self.capacity < self.leaves:
+            # The CPU op and update_reference check [0, L) and the priorities; the slots
+            # between capacity and L must stay empty.
+            _check_indices(indices, self.capacity)
         if self._compiled_update:
             ops.sum_tree_update(self.tree, indices, priorities)
         else:
