@@ -5,14 +5,16 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(distrl, m) {
-  // tree: [2, 2L] with L a power of two >= capacity. Row 0 holds sums, row 1 minima over
-  // positive priorities (+inf where there are none); node 1 is the root, leaf i is node L+i.
+  // tree: [2, width], the 8-ary layout of `capacity` leaves in sum_tree.h (row 0 sums,
+  // row 1 minima over positive priorities, +inf where there are none; root at column 0).
   // Writes leaves in batch order (the last write of a duplicated index wins), then
   // recomputes each changed ancestor once per level.
-  m.def("sum_tree_update(Tensor(a!) tree, Tensor indices, Tensor priorities) -> ()");
+  m.def("sum_tree_update(Tensor(a!) tree, int capacity, Tensor indices, Tensor priorities) -> ()");
   // Stratified proportional sampling (Schaul et al. 2016, Appendix B.2.1): draw i lands at
   // mass (i + uniforms[i]) * total / B. Returns leaf indices and P(i) = p_i / total.
-  m.def("sum_tree_sample(Tensor tree, Tensor uniforms) -> (Tensor indices, Tensor probabilities)");
+  m.def(
+      "sum_tree_sample(Tensor tree, int capacity, Tensor uniforms) -> "
+      "(Tensor indices, Tensor probabilities)");
   // V-trace targets and policy-gradient advantages (Espeholt et al. 2018, eq. 1 and
   // Section 4.2, with Remark 1's lambda), time-major [T, B]; a threshold of None is no clip.
   m.def(

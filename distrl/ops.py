@@ -130,30 +130,35 @@ def _require(op: str) -> None:
 # ------------------------------------------------------------------ typed wrappers
 
 
-def sum_tree_update(tree: torch.Tensor, indices: torch.Tensor, priorities: torch.Tensor) -> None:
+def sum_tree_update(
+    tree: torch.Tensor, capacity: int, indices: torch.Tensor, priorities: torch.Tensor
+) -> None:
     """Set leaves ``indices`` of ``tree`` to ``priorities`` in place (last write wins).
 
     Args:
-      tree: [2, 2L] sum tree (row 0 sums, row 1 minima; layout in csrc/sum_tree.h).
-      indices: [N] int64 leaf indices in ``[0, L)``.
+      tree: [2, width] 8-ary sum tree of ``capacity`` leaves (row 0 sums, row 1 minima;
+        layout in csrc/sum_tree.h and :func:`distrl.replay.sum_tree.tree_layout`).
+      capacity: number of leaves.
+      indices: [N] int64 leaf indices in ``[0, capacity)``.
       priorities: [N] finite, non-negative, the tree's dtype.
 
     The CPU kernel checks indices and priorities; the CUDA kernel does not (a check would
     synchronise), so validate first, as :meth:`distrl.replay.sum_tree.SumTree.update` does.
     """
     _require("sum_tree_update")
-    torch.ops.distrl.sum_tree_update(tree, indices, priorities)
+    torch.ops.distrl.sum_tree_update(tree, capacity, indices, priorities)
 
 
 def sum_tree_sample(
-    tree: torch.Tensor, uniforms: torch.Tensor
+    tree: torch.Tensor, capacity: int, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stratified proportional draws (Schaul et al. 2016, Appendix B.2.1).
 
     Draw ``i`` of ``N`` takes the leaf holding mass ``(i + uniforms[i]) * total / N``.
 
     Args:
-      tree: [2, 2L] sum tree with a positive total.
+      tree: [2, width] sum tree of ``capacity`` leaves with a positive total.
+      capacity: number of leaves.
       uniforms: [N] in ``[0, 1)``, the tree's dtype.
 
     Returns:
@@ -161,7 +166,7 @@ def sum_tree_sample(
       kernel raises on a total that is zero or infinite; the CUDA kernel returns index -1.
     """
     _require("sum_tree_sample")
-    return torch.ops.distrl.sum_tree_sample(tree, uniforms)
+    return torch.ops.distrl.sum_tree_sample(tree, capacity, uniforms)
 
 
 def vtrace(
@@ -193,14 +198,14 @@ def vtrace(
 if has_extension():
 
     @torch.library.register_fake("distrl::sum_tree_update")
-    def _sum_tree_update_fake(tree: torch.Tensor, indices: torch.Tensor,
+    def _sum_tree_update_fake(tree: torch.Tensor, capacity: int, indices: torch.Tensor,
                               priorities: torch.Tensor) -> None:
         torch._check(indices.dim() == 1 and priorities.shape == indices.shape,
                      lambda: "sum_tree_update: indices and priorities must be [N]")
 
     @torch.library.register_fake("distrl::sum_tree_sample")
     def _sum_tree_sample_fake(
-        tree: torch.Tensor, uniforms: torch.Tensor
+        tree: torch.Tensor, capacity: int, uniforms: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         torch._check(uniforms.dim() == 1, lambda: "sum_tree_sample: uniforms must be [N]")
         return (uniforms.new_empty(uniforms.shape, dtype=torch.int64),

@@ -21,7 +21,7 @@ import torch
 from reference import importance_weights_naive, priorities_after_updates, stratified_sample_naive
 
 from distrl import ops
-from distrl.replay.sum_tree import SumTree, sample_reference, update_reference
+from distrl.replay.sum_tree import SumTree, sample_reference, tree_layout, update_reference
 
 DTYPES = [torch.float32, torch.float64]
 OPS = ("sum_tree_update", "sum_tree_sample")
@@ -61,10 +61,11 @@ class Path:
     def floats(self, values, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.float64), device=self.device).to(dtype)
 
-    def sample(self, tree: torch.Tensor, uniforms: torch.Tensor):
+    def sample(self, tree: SumTree, uniforms: torch.Tensor):
+        """The raw op (or its reference twin) on ``tree``'s tensor, given uniforms."""
         if self.kernel == "compiled":
-            return ops.sum_tree_sample(tree, uniforms)
-        return sample_reference(tree, uniforms)
+            return ops.sum_tree_sample(tree.tree, tree.capacity, uniforms)
+        return sample_reference(tree.tree, tree.capacity, uniforms)
 
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
@@ -96,20 +97,25 @@ def path(request) -> Path:
 
 
 def _tree_from_leaves(priorities: np.ndarray) -> np.ndarray:
-    """The whole [2, 2L] tree rebuilt bottom-up in float64 from the leaf priorities."""
-    capacity = len(priorities)
-    n_slots = 1
-    while n_slots < capacity:
-        n_slots *= 2
-    tree = np.zeros((2, 2 * n_slots))
-    tree[1] = np.inf
-    for i, p in enumerate(priorities.tolist()):
-        tree[0, n_slots + i] = p
-        tree[1, n_slots + i] = p if p > 0 else np.inf
-    for k in range(n_slots - 1, 0, -1):
-        tree[0, k] = tree[0, 2 * k] + tree[0, 2 * k + 1]
-        tree[1, k] = min(tree[1, 2 * k], tree[1, 2 * k + 1])
-    return tree
+    """The whole [2, width] tree rebuilt bottom-up in float64 from the leaf priorities.
+
+    Each level above the leaves holds, for every block of 8 nodes below, their sum and
+    the minimum over positive priorities, until one node (the root) is left; the levels
+    are then laid out root first, each padded with empty nodes (0, inf) to a multiple of 8.
+    """
+    sums = [[float(p) for p in priorities]]
+    mins = [[float(p) if p > 0 else math.inf for p in priorities]]
+    while len(sums[-1]) > 1:
+        below_sums, below_mins = sums[-1], mins[-1]
+        blocks = range(0, len(below_sums), 8)
+        sums.append([sum(below_sums[j:j + 8]) for j in blocks])
+        mins.append([min(below_mins[j:j + 8]) for j in blocks])
+    rows = [[], []]
+    for level_sums, level_mins in zip(reversed(sums), reversed(mins), strict=True):
+        padding = -len(level_sums) % 8
+        rows[0] += level_sums + [0.0] * padding
+        rows[1] += level_mins + [math.inf] * padding
+    return np.array(rows)
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -148,6 +154,28 @@ Z_999 = 3.090232306167813  # standard normal 0.999 quantile
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+# 0. Layout: level offsets of the 8-ary tree, counted by hand.
+
+
+@pytest.mark.parametrize("capacity, offsets", [
+    (1, [0, 8]),                      # the root is the only leaf
+    (8, [0, 8, 16]),                  # root block, one block of 8 leaves
+    (9, [0, 8, 16, 32]),              # 2 nodes (one block), 9 leaves (two blocks)
+    (64, [0, 8, 16, 80]),             # 8 nodes, 64 leaves: no padding below the root
+    (65, [0, 8, 16, 32, 104]),        # 2, 9 -> 16, 65 -> 72
+    (1000, [0, 8, 16, 32, 160, 1160]),  # 2, 16, 125 -> 128, 1000
+])
+def test_tree_layout(capacity, offsets):
+    assert tree_layout(capacity) == offsets
+    assert SumTree(capacity).tree.shape == (2, offsets[-1])
+
+
+def test_tree_memory_is_about_capacity():
+    # 1 + 1/8 + 1/64 + ... ~ 1.143 entries per leaf, against up to 4 for a binary tree.
+    width = tree_layout(2**20)[-1]
+    assert width == 1_198_384 and width / 2**20 < 1.15
 
 
 # 1. Updates: leaves equal the sequential writes, every internal node its children's sum/min.
@@ -225,7 +253,7 @@ def test_sample_matches_naive(path, case, dtype):
     for n in (1, 7, 64):
         for kind in ("random", "zero", "below_one", "alternating"):
             uniforms = _uniforms(kind, n, dtype, path.device, seed=n)
-            indices, probabilities = path.sample(tree.tree, uniforms)
+            indices, probabilities = path.sample(tree, uniforms)
             assert indices.dtype == torch.int64 and probabilities.dtype == dtype
             want_indices, want_probabilities = stratified_sample_naive(
                 priorities, _as_numpy(uniforms)
@@ -239,7 +267,7 @@ def test_sample_matches_naive(path, case, dtype):
     if case == "capacity_1025":
         # The top of the mass lands on the last leaf, never in the empty slots past it.
         below = _uniforms("below_one", 64, dtype, path.device)
-        assert path.sample(tree.tree, below)[0][-1].item() == capacity - 1
+        assert path.sample(tree, below)[0][-1].item() == capacity - 1
 
 
 def test_sample_round_off_float32(path):
@@ -252,7 +280,7 @@ def test_sample_round_off_float32(path):
     below = _below_one(torch.float32)
     for u, want in [(0.0, 0), (1e-9, 0), (2e-8, 3), (0.5, 3), (below, 3)]:
         uniforms = path.floats([u])
-        indices, probabilities = path.sample(tree.tree, uniforms)
+        indices, probabilities = path.sample(tree, uniforms)
         assert indices.tolist() == [want], u
         naive_indices, naive_probabilities = stratified_sample_naive(
             priorities, _as_numpy(uniforms)
@@ -260,7 +288,7 @@ def test_sample_round_off_float32(path):
         assert naive_indices.tolist() == [want]
         np.testing.assert_allclose(_as_numpy(probabilities), naive_probabilities, rtol=1e-6)
     for kind in ("zero", "below_one", "alternating", "random"):
-        indices, _ = path.sample(tree.tree, _uniforms(kind, 5, torch.float32, path.device))
+        indices, _ = path.sample(tree, _uniforms(kind, 5, torch.float32, path.device))
         assert set(indices.tolist()) <= {0, 3}, kind
 
 
@@ -275,7 +303,7 @@ def test_sample_round_off_float64_mass_reaches_total(path):
     assert (2 + below) * (total / 3) >= total  # the case is the one it claims to be
     for n in range(1, 10):
         uniforms = _uniforms("below_one", n, torch.float64, path.device)
-        indices, _ = path.sample(tree.tree, uniforms)
+        indices, _ = path.sample(tree, uniforms)
         want, _ = stratified_sample_naive(priorities, _as_numpy(uniforms))
         assert indices.tolist() == want.tolist()
         assert indices[-1].item() == 4
@@ -300,7 +328,7 @@ def test_never_draws_a_zero_priority_leaf(path):
     draws = [tree.sample(512, generator) for _ in range(200)]
     for n in (1, 2, 3, 7, 64, 512):
         for kind in ("zero", "below_one", "alternating"):
-            draws.append(path.sample(tree.tree, _uniforms(kind, n, torch.float32, path.device)))
+            draws.append(path.sample(tree, _uniforms(kind, n, torch.float32, path.device)))
     indices = torch.cat([d[0] for d in draws]).cpu().numpy()
     probabilities = _as_numpy(torch.cat([d[1] for d in draws]))
     assert indices.min() >= 0 and indices.max() < capacity
@@ -404,9 +432,12 @@ def test_capacity_must_be_a_positive_int(path, capacity):
 
 BAD_UPDATES = {
     # name: (indices, priorities, exception, message)
-    "index_at_capacity": ([1, 5], [1.0, 1.0], ValueError,
-                          r"indices must lie in \[0, 5\), got 1\.\.5"),
-    "index_in_empty_slot": ([7], [1.0], ValueError, r"indices must lie in \[0, 5\), got 7\.\.7"),
+    "index_at_capacity": ([1, 5], [1.0, 1.0], (RuntimeError, ValueError),
+                          r"indices must lie in \[0, 5\), got 1\.\.5|index 5 is outside the "
+                          r"tree's capacity 5"),
+    "index_in_empty_slot": ([7], [1.0], (RuntimeError, ValueError),
+                            r"indices must lie in \[0, 5\), got 7\.\.7|index 7 is outside the "
+                            r"tree's capacity 5"),
     "negative_priority": ([0, 1, 2], [1.0, 2.0, -1.0], (RuntimeError, ValueError),
                           "finite and >= 0"),
     "nan_priority": ([0, 1], [float("nan"), 1.0], (RuntimeError, ValueError), "finite and >= 0"),
@@ -421,7 +452,7 @@ BAD_UPDATES = {
 @pytest.mark.parametrize("case", list(BAD_UPDATES))
 def test_bad_update_is_refused_and_leaves_the_tree_unchanged(path, case):
     indices, priorities, error, message = BAD_UPDATES[case]
-    tree = path.tree(5)  # L = 8: slots 5..7 exist but must stay empty
+    tree = path.tree(5)  # the leaf block has 8 slots: 5..7 exist but must stay empty
     tree.update(path.ints(np.arange(5)), path.floats([1, 2, 3, 4, 5]))
     before = tree.tree.clone()
     index_dtype = torch.int32 if case == "int32_indices" else torch.int64
@@ -432,12 +463,12 @@ def test_bad_update_is_refused_and_leaves_the_tree_unchanged(path, case):
 
 
 @pytest.mark.parametrize("index", [8, -1])
-def test_index_outside_a_power_of_two_tree_is_refused(path, index):
+def test_index_outside_a_full_tree_is_refused(path, index):
     tree = path.tree(8)
     tree.update(path.ints([0, 7]), path.floats([1, 2]))
     before = tree.tree.clone()
     with pytest.raises((RuntimeError, ValueError),
-                       match=r"indices must lie in \[0, 8\)|outside the tree's 8 leaf slots"):
+                       match=r"indices must lie in \[0, 8\)|outside the tree's capacity 8"):
         tree.update(path.ints([1, index]), path.floats([3, 3]))
     assert _same_bytes(tree.tree, before)
 
@@ -454,23 +485,28 @@ def test_sample_and_weight_arguments(path):
 @pytest.mark.parametrize("device", COMPILED_DEVICES)
 def test_compiled_op_argument_messages(device):
     """Host-side TORCH_CHECKs of csrc/sum_tree.h, shared by the CPU and CUDA kernels."""
-    tree = torch.zeros(2, 16, device=device)
+    tree = torch.zeros(2, 16, device=device)  # capacities 2..8: a root block, a leaf block
     tree[1] = math.inf
     idx = torch.tensor([0], device=device)
     one = torch.ones(1, device=device)
     cases = [
-        (lambda: ops.sum_tree_update(torch.zeros(3, 16, device=device), idx, one),
-         r"tree must have shape \[2, 2L\]"),
-        (lambda: ops.sum_tree_update(torch.zeros(2, 12, device=device), idx, one),
-         "tree width 2L must be a power of two >= 2, got 12"),
-        (lambda: ops.sum_tree_update(tree.double(), idx, one),
+        (lambda: ops.sum_tree_update(torch.zeros(3, 16, device=device), 8, idx, one),
+         r"a tree of capacity 8 must have shape \[2, 16\] \(row 0 sums, row 1 minima\), "
+         r"got \[3, 16\]"),
+        (lambda: ops.sum_tree_update(tree, 9, idx, one),
+         r"a tree of capacity 9 must have shape \[2, 32\]"),
+        (lambda: ops.sum_tree_sample(tree, 0, one), "capacity must be >= 1, got 0"),
+        (lambda: ops.sum_tree_update(tree.double(), 8, idx, one),
          "priorities must have the tree's dtype"),
-        (lambda: ops.sum_tree_update(tree, idx.int(), one), "indices must be a 1-D int64 tensor"),
-        (lambda: ops.sum_tree_update(tree, idx, torch.ones(2, device=device)),
+        (lambda: ops.sum_tree_update(tree.int(), 8, idx, one.int()),
+         "tree must be float32 or float64"),
+        (lambda: ops.sum_tree_update(tree, 8, idx.int(), one),
+         "indices must be a 1-D int64 tensor"),
+        (lambda: ops.sum_tree_update(tree, 8, idx, torch.ones(2, device=device)),
          r"priorities must have shape \[1\]"),
-        (lambda: ops.sum_tree_sample(tree, torch.zeros(0, device=device)),
+        (lambda: ops.sum_tree_sample(tree, 8, torch.zeros(0, device=device)),
          "uniforms must be a non-empty 1-D tensor"),
-        (lambda: ops.sum_tree_sample(tree, torch.zeros(1, device=device, dtype=torch.float64)),
+        (lambda: ops.sum_tree_sample(tree, 8, torch.zeros(1, device=device, dtype=torch.float64)),
          "uniforms must have the tree's dtype"),
     ]
     before = tree.clone()
@@ -489,29 +525,28 @@ def _opcheck_trees(device: str) -> list:
         tree = SumTree(capacity, dtype=dtype, device=device, kernel="compiled")
         tree.update(torch.arange(capacity, device=device),
                     torch.arange(capacity, dtype=dtype, device=device) % 3 + 1)
-        out.append(tree.tree)
+        out.append((tree.tree, capacity))
     return out
 
 
 @pytest.mark.parametrize("device", COMPILED_DEVICES)
 def test_opcheck_sum_tree_update(device):
-    for tree in _opcheck_trees(device):
-        n = tree.shape[1] // 2
+    for tree, n in _opcheck_trees(device):
         for indices in ([0], [n - 1, 0, n - 1], []):
             idx = torch.tensor(indices, dtype=torch.int64, device=device)
             priorities = torch.rand(len(indices), dtype=tree.dtype, device=device)
             result = torch.library.opcheck(torch.ops.distrl.sum_tree_update.default,
-                                           (tree.clone(), idx, priorities))
+                                           (tree.clone(), n, idx, priorities))
             assert set(result.values()) == {"SUCCESS"}, result
 
 
 @pytest.mark.parametrize("device", COMPILED_DEVICES)
 def test_opcheck_sum_tree_sample(device):
-    for tree in _opcheck_trees(device):
+    for tree, capacity in _opcheck_trees(device):
         for n in (1, 5, 300):
             uniforms = torch.rand(n, dtype=tree.dtype, device=device)
             result = torch.library.opcheck(torch.ops.distrl.sum_tree_sample.default,
-                                           (tree.clone(), uniforms))
+                                           (tree.clone(), capacity, uniforms))
             assert set(result.values()) == {"SUCCESS"}, result
 
 
@@ -558,13 +593,13 @@ def test_compiled_and_reference_paths_agree(device):
     uniforms = torch.rand(512, generator=g)
     uniforms[0], uniforms[-1] = 0.0, _below_one(torch.float32)
     uniforms = uniforms.to(device)
-    got_indices, got_probabilities = ops.sum_tree_sample(compiled.tree, uniforms)
-    want_indices, want_probabilities = sample_reference(reference.tree, uniforms)
+    got_indices, got_probabilities = ops.sum_tree_sample(compiled.tree, capacity, uniforms)
+    want_indices, want_probabilities = sample_reference(reference.tree, capacity, uniforms)
     assert torch.equal(got_indices, want_indices)
     assert torch.equal(got_probabilities, want_probabilities)
     # The raw reference update on a third copy agrees too (no SumTree in between).
     third = reference.tree.clone()
-    update_reference(third, indices.to(device), priorities.to(device))
+    update_reference(third, capacity, indices.to(device), priorities.to(device))
     assert torch.equal(third, reference.tree)
 
 

@@ -1,14 +1,19 @@
 """Sum tree over a torch tensor: proportional prioritized sampling (Schaul et al. 2016).
 
 The tree is one tensor that its owner holds (so it can sit in shared memory, on a GPU or
-in a checkpoint), of shape ``[2, 2L]`` with ``L`` the smallest power of two that holds
-``capacity`` leaves: row 0 sums, row 1 minima over positive priorities (``+inf`` where a
-subtree has none). Node 1 is the root, node ``k`` has children ``2k`` and ``2k + 1``,
-leaf ``i`` is node ``L + i``; slots past ``capacity`` stay at zero and are never drawn.
+in a checkpoint): an 8-ary tree over ``capacity`` leaves, stored level by level in a
+``[2, width]`` tensor, row 0 sums and row 1 minima over positive priorities (``+inf``
+where a subtree has none). Level 0 is the root alone, at column 0; node ``j`` of a level
+has children ``8j .. 8j+7`` of the next; the last level holds the leaves. Every level
+starts at a multiple of 8 columns, so a node's children share one aligned 64-byte cache
+line (float64) or half of one (float32): a draw touches about a third of the lines that
+a binary tree's descent does. :func:`tree_layout` gives the level offsets; csrc/sum_tree.h
+computes the same.
 
-Two paths compute the same thing (:mod:`distrl.ops` picks one from ``kernel``): the
-compiled ops ``distrl::sum_tree_update`` / ``distrl::sum_tree_sample`` (csrc/), and the
-vectorised torch functions :func:`update_reference` / :func:`sample_reference` here.
+Two paths compute the same thing, bit for bit (:mod:`distrl.ops` picks one from
+``kernel``): the compiled ops ``distrl::sum_tree_update`` / ``distrl::sum_tree_sample``
+(csrc/), and the vectorised torch functions :func:`update_reference` /
+:func:`sample_reference` here.
 """
 
 from __future__ import annotations
@@ -20,29 +25,40 @@ import torch
 
 from distrl import ops
 
+FANOUT = 8  # children per node; csrc/sum_tree.h kFanout
 
-def leaf_slots(capacity: int) -> int:
-    """``L``: the smallest power of two ``>= capacity``."""
+
+def tree_layout(capacity: int) -> list[int]:
+    """Column where each level starts, root level first, plus the total width at the end.
+
+    With ``D`` the least depth such that ``8^D >= capacity``, level ``d`` holds
+    ``ceil(capacity / 8^(D - d))`` nodes, padded with empty nodes to a multiple of 8.
+    """
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ValueError(f"capacity must be a positive int, got {capacity!r}")
-    return 1 << (capacity - 1).bit_length()
+    depth, span = 0, 1
+    while span < capacity:
+        span *= FANOUT
+        depth += 1
+    offsets, position = [], 0
+    for _ in range(depth + 1):
+        offsets.append(position)
+        nodes = -(-capacity // span)
+        position += -(-nodes // FANOUT) * FANOUT
+        span //= FANOUT
+    return offsets + [position]
 
 
 def empty_tree(
     capacity: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """A ``[2, 2L]`` tree holding ``capacity`` zero priorities."""
+    """A ``[2, width]`` tree holding ``capacity`` zero priorities."""
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    leaves = leaf_slots(capacity)
-    tree = torch.zeros(2, 2 * leaves, dtype=dtype, device=device)
+    width = tree_layout(capacity)[-1]
+    tree = torch.zeros(2, width, dtype=dtype, device=device)
     tree[1].fill_(float("inf"))
     return tree
-
-
-def _depth(tree: torch.Tensor) -> tuple[int, int]:
-    leaves = tree.shape[1] // 2
-    return leaves, leaves.bit_length() - 1
 
 
 def _check_indices(indices: torch.Tensor, limit: int) -> None:
@@ -58,68 +74,102 @@ def _check_priorities(priorities: torch.Tensor) -> None:
         raise ValueError("sum_tree_update: priorities must be finite and >= 0")
 
 
-def update_reference(tree: torch.Tensor, indices: torch.Tensor, priorities: torch.Tensor) -> None:
+def _checked_layout(tree: torch.Tensor, capacity: int) -> list[int]:
+    offsets = tree_layout(capacity)
+    if tree.dim() != 2 or tree.shape != (2, offsets[-1]):
+        raise ValueError(f"a tree of capacity {capacity} must have shape [2, {offsets[-1]}], "
+                         f"got {list(tree.shape)}")
+    return offsets
+
+
+def _blocks(row: torch.Tensor, offsets: list[int], level: int) -> torch.Tensor:
+    """Level ``level`` of a row as ``[nodes, 8]``: row ``j`` holds the children of node
+    ``j`` of level ``level - 1``."""
+    return row[offsets[level]:offsets[level + 1]].view(-1, FANOUT)
+
+
+def update_reference(
+    tree: torch.Tensor, capacity: int, indices: torch.Tensor, priorities: torch.Tensor
+) -> None:
     """Set leaves ``indices`` to ``priorities`` in place; the torch twin of the compiled op.
 
     A duplicated index keeps its last priority in the batch; then each changed ancestor
-    is recomputed once per level from its two children.
+    is recomputed once per level from its 8 children: the sum in float64, child by child
+    (the compiled kernels' order, so both round alike), the minimum.
 
     Args:
-      tree: [2, 2L] tree.
-      indices: [N] int64 in ``[0, L)``.
+      tree: ``[2, width]`` tree of ``capacity`` leaves.
+      capacity: number of leaves.
+      indices: [N] int64 in ``[0, capacity)``.
       priorities: [N] finite and ``>= 0``, the tree's dtype.
     """
-    leaves, depth = _depth(tree)
+    offsets = _checked_layout(tree, capacity)
     if indices.numel() == 0:
         return
-    _check_indices(indices, leaves)
+    _check_indices(indices, capacity)
     _check_priorities(priorities)
     unique, inverse = torch.unique(indices, return_inverse=True)
     order = torch.arange(indices.numel(), device=indices.device)
     last = torch.full_like(unique, -1).scatter_reduce(0, inverse, order, reduce="amax")
     leaf_priorities = priorities[last]
     sums, mins = tree[0], tree[1]
-    nodes = unique + leaves
-    sums[nodes] = leaf_priorities
-    mins[nodes] = torch.where(leaf_priorities > 0, leaf_priorities, float("inf"))
-    for _ in range(depth):
-        nodes = torch.unique_consecutive(nodes >> 1)  # sorted stays sorted under >> 1
-        sums[nodes] = sums[2 * nodes] + sums[2 * nodes + 1]
-        mins[nodes] = torch.minimum(mins[2 * nodes], mins[2 * nodes + 1])
+    depth = len(offsets) - 2
+    leaves = offsets[depth]
+    sums[leaves + unique] = leaf_priorities
+    mins[leaves + unique] = torch.where(leaf_priorities > 0, leaf_priorities, float("inf"))
+    nodes = unique
+    for level in range(depth, 0, -1):
+        nodes = torch.unique_consecutive(nodes // FANOUT)  # sorted stays sorted under // 8
+        child_sums = _blocks(sums, offsets, level)[nodes]
+        total = torch.zeros(nodes.numel(), dtype=torch.float64, device=tree.device)
+        for c in range(FANOUT):
+            total = total + child_sums[:, c].double()
+        sums[offsets[level - 1] + nodes] = total.to(tree.dtype)
+        mins[offsets[level - 1] + nodes] = _blocks(mins, offsets, level)[nodes].amin(dim=1)
 
 
 def sample_reference(
-    tree: torch.Tensor, uniforms: torch.Tensor
+    tree: torch.Tensor, capacity: int, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stratified proportional draws, the torch twin of the compiled op.
 
     Schaul et al. 2016, Appendix B.2.1: the total mass is cut into ``N`` equal segments
-    and draw ``i`` takes the leaf holding mass ``(i + uniforms[i]) * total / N``. The
-    descent never enters an empty subtree, so round-off at a segment edge cannot land
-    on a zero-priority leaf.
+    and draw ``i`` takes the leaf holding mass ``(i + uniforms[i]) * total / N``. At each
+    level the draw enters the child whose interval of the running (float64) prefix sum
+    holds its mass; an empty child has an empty interval, and a mass that round-off puts
+    past the children's total enters the last non-empty child, so no draw ever reaches a
+    zero-priority leaf.
 
     Args:
-      tree: [2, 2L] tree with a positive total.
+      tree: ``[2, width]`` tree of ``capacity`` leaves with a positive total.
+      capacity: number of leaves.
       uniforms: [N] in ``[0, 1)``.
 
     Returns:
       ``(indices [N] int64, probabilities [N])``, ``P(i) = p_i / total``.
     """
-    leaves, depth = _depth(tree)
+    offsets = _checked_layout(tree, capacity)
+    depth = len(offsets) - 2
     sums = tree[0]
-    total = sums[1].double()
+    total = sums[0].double()
     batch = uniforms.numel()
     mass = (torch.arange(batch, dtype=torch.float64, device=tree.device) + uniforms.double()) * (
         total / batch
     )
-    node = torch.ones(batch, dtype=torch.int64, device=tree.device)
-    for _ in range(depth):
-        left = sums[2 * node].double()
-        right = sums[2 * node + 1].double()
-        go_right = ((mass >= left) & (right > 0)) | ~(left > 0)
-        mass = mass - torch.where(go_right, left, 0.0)
-        node = 2 * node + go_right.long()
-    return node - leaves, (sums[node].double() / total).to(tree.dtype)
+    node = torch.zeros(batch, dtype=torch.int64, device=tree.device)
+    positions = torch.arange(FANOUT, device=tree.device)
+    for level in range(1, depth + 1):
+        children = _blocks(sums, offsets, level)[node].double()
+        prefix = torch.zeros(batch, FANOUT + 1, dtype=torch.float64, device=tree.device)
+        for c in range(FANOUT):
+            prefix[:, c + 1] = prefix[:, c] + children[:, c]
+        below = (prefix[:, 1:] <= mass.unsqueeze(1)).sum(dim=1)
+        last_positive = torch.where(children > 0, positions, 0).amax(dim=1)
+        chosen = torch.where(below == FANOUT, last_positive, below)
+        mass = mass - prefix.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        node = FANOUT * node + chosen
+    leaf_sums = sums[offsets[depth]:offsets[depth] + capacity]
+    return node, (leaf_sums[node].double() / total).to(tree.dtype)
 
 
 class SumTree:
@@ -142,7 +192,7 @@ class SumTree:
     ) -> None:
         self.capacity = capacity
         self.tree = empty_tree(capacity, dtype, device)
-        self.leaves = self.tree.shape[1] // 2
+        self._leaf_offset = tree_layout(capacity)[-2]
         self.kernel = kernel
         self._compiled_update = ops.use_compiled(kernel, "sum_tree_update", device)
         self._compiled_sample = ops.use_compiled(kernel, "sum_tree_sample", device)
@@ -168,17 +218,13 @@ class SumTree:
         priorities = priorities.to(self.tree.dtype)
         if self._compiled_update and self.tree.device.type != "cpu":
             # The CUDA op checks nothing on the host: a bad index would be a device-side
-            # assert, which ends the CUDA context.
+            # assert, which ends the CUDA context. The CPU op and update_reference check.
             _check_indices(indices, self.capacity)
             _check_priorities(priorities)
-        elif self.capacity < self.leaves:
-            # The CPU op and update_reference check [0, L) and the priorities; the slots
-            # between capacity and L must stay empty.
-            _check_indices(indices, self.capacity)
         if self._compiled_update:
-            ops.sum_tree_update(self.tree, indices, priorities)
+            ops.sum_tree_update(self.tree, self.capacity, indices, priorities)
         else:
-            update_reference(self.tree, indices, priorities)
+            update_reference(self.tree, self.capacity, indices, priorities)
 
     def sample(
         self, batch_size: int, generator: Optional[torch.Generator] = None
@@ -195,16 +241,16 @@ class SumTree:
         uniforms = torch.rand(batch_size, generator=generator, dtype=self.tree.dtype,
                               device=self.tree.device)
         if self._compiled_sample:
-            return ops.sum_tree_sample(self.tree, uniforms)
-        return sample_reference(self.tree, uniforms)
+            return ops.sum_tree_sample(self.tree, self.capacity, uniforms)
+        return sample_reference(self.tree, self.capacity, uniforms)
 
     def total(self) -> float:
         """Sum of all priorities (the root), read without a scan."""
-        return float(self.tree[0, 1])
+        return float(self.tree[0, 0])
 
     def min_priority(self) -> float:
         """Smallest positive priority (``inf`` when none), read without a scan."""
-        return float(self.tree[1, 1])
+        return float(self.tree[1, 0])
 
     def importance_weights(self, probabilities: torch.Tensor, beta: float) -> torch.Tensor:
         """Normalised importance-sampling weights (Schaul et al. 2016, Section 3.4).
@@ -219,12 +265,12 @@ class SumTree:
         """
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
-        min_probability = self.tree[1, 1] / self.tree[0, 1]
+        min_probability = self.tree[1, 0] / self.tree[0, 0]
         return (probabilities / min_probability).pow(-beta)
 
     def priorities(self) -> torch.Tensor:
         """[capacity] the leaf priorities (a view)."""
-        return self.tree[0, self.leaves:self.leaves + self.capacity]
+        return self.tree[0, self._leaf_offset:self._leaf_offset + self.capacity]
 
     def share_memory_(self) -> SumTree:
         self.tree.share_memory_()
