@@ -57,3 +57,39 @@ class Unroll:
     @property
     def batch_size(self) -> int:
         return self.actions.shape[1]
+
+
+@dataclass
+class TransitionBatch:
+    """n-step transitions ``(s_t, a_t, R_t^(n), gamma^n or 0, s_{t+n})`` of one actor, with
+    every observation frame they need stored once (Horgan et al. 2018, Ape-X).
+
+    An observation is ``stack`` frames, oldest first; for vector observations ``stack``
+    is 1 and a frame is the whole observation. Consecutive observations of one env share
+    ``stack - 1`` frames, so ``frames`` holds each distinct frame once and transitions
+    point into it by row. A batch is self-contained: every row it refers to is in it.
+    """
+
+    frames: torch.Tensor  # [M, *frame_shape], uint8 for Atari, float32 otherwise
+    observation_frames: torch.Tensor  # [K, stack] int64 rows of frames: s_t
+    next_observation_frames: torch.Tensor  # [K, stack] int64 rows of frames: s_{t+n}
+    actions: torch.Tensor  # [K] int64 a_t
+    returns: torch.Tensor  # [K] float32 R_t^(n) = sum_{k<m} gamma^k r_{t+k}, m <= n steps
+    discounts: torch.Tensor  # [K] float32 gamma^m to apply to s_{t+m}, 0 if the episode ended
+
+    @property
+    def size(self) -> int:
+        return self.actions.shape[0]
+
+
+@dataclass
+class SampleBatch:
+    """Transitions drawn from a replay buffer, with their observations rebuilt."""
+
+    indices: torch.Tensor  # [B] int64 replay slots, to write priorities back
+    observations: torch.Tensor  # [B, *obs_shape] s_t
+    actions: torch.Tensor  # [B] int64
+    returns: torch.Tensor  # [B] float32 R_t^(n)
+    discounts: torch.Tensor  # [B] float32 gamma^m or 0
+    next_observations: torch.Tensor  # [B, *obs_shape] s_{t+n}
+    weights: torch.Tensor  # [B] float32 importance-sampling weights (1 for uniform)
