@@ -181,3 +181,53 @@ def importance_weights_naive(
 
     max_weight = max(weight(j) for j in range(len(priorities)) if priorities[j] > 0)
     return np.array([weight(int(i)) / max_weight for i in np.asarray(drawn_indices).tolist()])
+
+
+# ------------------------------------------------------------------ n-step transitions
+
+
+def n_step_transitions_naive(episodes: list, n: int, discount: float) -> dict:
+    """Every n-step transition of complete episodes, by the plain formula.
+
+    Ape-X (Horgan et al. 2018, Section 3.1), with the rule for episode ends of
+    distrl/replay/writers.py: for step ``t`` let ``m`` be the number of steps from ``t``
+    to the episode's end, capped at ``n``. Then ``R_t = sum_{k<m} gamma^k r_{t+k}``; if the
+    episode goes on after step ``t+n-1`` the transition bootstraps from ``s_{t+n}`` with
+    discount ``gamma^n``, otherwise (the episode ended at step ``t+m-1``, which may be
+    step ``t+n-1`` itself) the discount is 0 and the next observation is ``s_t``.
+    Truncation and termination are both just "ended" here.
+
+    Args:
+      episodes: one list per env of that env's steps over consecutive episodes, each
+        ``(observation, action, reward, ended)``: the observation acted on, the action,
+        the reward that followed, whether the episode ended with this step. Each list
+        must end with an ended step, so that every transition is determined.
+      n: steps per transition.
+      discount: ``gamma``.
+
+    Returns:
+      ``{(env, t): (observation, action, return, discount, next_observation, emitted_at)}``
+      with Python floats; ``emitted_at`` is the step at which the transition is known
+      (``t + m - 1``), and the observations are the objects given.
+    """
+    out = {}
+    for env, steps in enumerate(episodes):
+        if not steps or not steps[-1][3]:
+            raise ValueError(f"n_step_transitions_naive: env {env}'s steps must end an episode")
+        for t in range(len(steps)):
+            total = 0.0
+            ended = False
+            last = t
+            for k in range(n):
+                last = t + k
+                _, _, reward, step_ended = steps[last]
+                total += discount**k * reward
+                if step_ended:
+                    ended = True
+                    break
+            observation, action = steps[t][0], steps[t][1]
+            if ended:
+                out[(env, t)] = (observation, action, total, 0.0, observation, last)
+            else:
+                out[(env, t)] = (observation, action, total, discount**n, steps[t + n][0], last)
+    return out

@@ -1,0 +1,370 @@
+"""n-step transition writer: an actor's batched step stream in, :class:`TransitionBatch` out.
+
+Ape-X (Horgan et al. 2018, "Distributed Prioritized Experience Replay", Section 3.1, with
+n = 3 in the Atari experiments) learns from n-step transitions
+``(s_t, a_t, R_t^(n), discount, s_{t+n})``. With ``r_{t+k}`` the reward that followed
+action ``a_{t+k}`` (the paper's ``R_{t+k+1}``) and ``gamma`` the discount,
+
+    R_t = sum_{k=0}^{m-1} gamma^k r_{t+k}
+    discount = gamma^n,  next observation s_{t+n}    if the episode goes on past step t+n-1
+    discount = 0,        next observation s_t        if it ended at step t+m-1, m <= n
+
+so the learner's target ``R_t + discount * Q(s_next, .)`` is the n-step return of Sutton &
+Barto (2018, Section 7.1) and Hessel et al. (2018, Rainbow, "Multi-step learning"), cut at
+the episode's end. With a discount of 0 the next observation is never read, so ``s_t``
+stands in for it and nothing extra is stored.
+
+Episode ends. A window of n steps is emitted as a full n-step transition only if its n-th
+step did not end the episode. When a step ends the episode, every pending step of that env
+is emitted with discount 0, including a window whose n-th step is the one that ended it:
+the observation after that step belongs to the next episode. The envs autoreset in the
+same step (see :class:`distrl.types.EnvStep`), so the last observation of an ended episode
+is never seen and a truncated episode has nothing to bootstrap from: truncation is treated
+exactly like termination. That treats a time limit as terminal, the bias Pardo et al.
+(2018, "Time Limits in Reinforcement Learning") describe; it is the price of envs that do
+not expose the final observation.
+
+Frames. An observation is ``stack`` frames, oldest first (``stack = frame_stack``, or 1
+when an observation is a single vector). Within an episode consecutive observations share
+``stack - 1`` frames, so only the newest frame of each step is stored; the first
+observation of an episode stores all of its frames. A flushed batch holds every frame its
+transitions point to, each once, in the order the frames arrived; frames that steps still
+pending will need are kept and appear again in a later batch.
+
+Order. Transitions are emitted in the order they become known: by :meth:`NStepWriter.add`
+call, within one call by env index ascending, and within one env by time ascending (an
+episode end emits all of that env's pending steps at once).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+import torch
+
+from distrl.types import TransitionBatch
+
+FrameIds = tuple[int, ...]  # ids of the frames of one observation, oldest first
+
+
+class _Step(NamedTuple):
+    """One step waiting in an env's window: acted in ``observation``, then got ``reward``."""
+
+    observation: FrameIds
+    action: int
+    reward: float
+
+
+class _Transition(NamedTuple):
+    observation: FrameIds
+    next_observation: FrameIds
+    action: int
+    return_: float
+    discount: float
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_frame_stack(frame_stack: int | None) -> None:
+    if frame_stack is not None and (not _is_int(frame_stack) or frame_stack < 1):
+        raise ValueError(f"frame_stack must be None or an int >= 1, got {frame_stack!r}")
+
+
+class NStepWriter:
+    """Turns ``num_envs`` batched env steps into n-step transitions (see the module docstring).
+
+    Call :meth:`begin` once with the first observations, :meth:`add` after every env
+    step, and :meth:`flush` whenever a batch is wanted.
+
+    Args:
+      num_envs: ``N``, the envs stepped together; an int >= 1.
+      n: steps per transition; an int >= 1 (Ape-X uses 3).
+      discount: ``gamma`` in ``[0, 1]``.
+      frame_stack: None when an observation is one frame (a vector); else ``k``, an
+        observation is ``[k, *frame_shape]``, frames oldest first, and within an episode
+        observation ``t+1`` is ``observation_t[1:]`` followed by one new frame (assumed,
+        not checked).
+    """
+
+    def __init__(self, num_envs: int, n: int, discount: float, frame_stack: int | None) -> None:
+        if not _is_int(num_envs) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        if not _is_int(n) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if (not isinstance(discount, (int, float)) or isinstance(discount, bool)
+                or not 0.0 <= discount <= 1.0):
+            raise ValueError(f"discount must be a float in [0, 1], got {discount!r}")
+        _check_frame_stack(frame_stack)
+        self.num_envs = num_envs
+        self.n = n
+        self.discount = float(discount)
+        self.frame_stack = frame_stack
+        self._powers = [self.discount ** k for k in range(n + 1)]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._observation_shape: tuple[int, ...] | None = None  # per env, set by begin
+        self._dtype: torch.dtype | None = None
+        # Every frame still referenced by a pending step, an env's current observation or
+        # an emitted transition not yet flushed. Ids grow in arrival order.
+        self._frames: dict[int, torch.Tensor] = {}
+        self._next_frame_id = 0
+        self._windows: list[deque[_Step]] = [deque() for _ in range(self.num_envs)]
+        self._current: list[FrameIds] = [() for _ in range(self.num_envs)]
+        self._emitted: list[_Transition] = []
+
+    # ------------------------------------------------------------------ stepping
+
+    def begin(self, observations: torch.Tensor) -> None:
+        """Start an episode in every env.
+
+        A second call ends every env's current episode first, like a truncation (its
+        pending steps are emitted with discount 0); the observation shape and dtype must
+        stay those of the first call.
+
+        Args:
+          observations: [N, *obs_shape] the envs' first observations; ``obs_shape`` is
+            ``[frame_stack, *frame_shape]`` when frames are stacked.
+        """
+        self._check_observations(observations)
+        if self._observation_shape is None:
+            self._observation_shape = tuple(observations.shape[1:])
+            self._dtype = observations.dtype
+        else:
+            for env in range(self.num_envs):
+                self._end_episode(env)
+        kept = observations.clone()  # the caller may reuse its buffer
+        for env in range(self.num_envs):
+            self._current[env] = self._store_first(kept[env])
+
+    def add(
+        self,
+        actions: torch.Tensor,
+        rewards: torch.Tensor,
+        observations: torch.Tensor,
+        terminated: torch.Tensor,
+        truncated: torch.Tensor,
+    ) -> None:
+        """Record one batched env step.
+
+        Args:
+          actions: [N] integer ``a_t``, taken in each env's previous observation.
+          rewards: [N] float ``r_t``, raw (clipping is the learner's business).
+          observations: [N, *obs_shape] what the step returned; where the episode ended,
+            already the next episode's first observation (same-step autoreset).
+          terminated: [N] bool, the episode reached a terminal state.
+          truncated: [N] bool, the episode was cut (a time limit); handled as terminated.
+        """
+        if self._observation_shape is None:
+            raise RuntimeError("NStepWriter.add before begin")
+        self._check_per_env("actions", actions)
+        if actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool:
+            raise ValueError(f"actions must be an integer tensor, got {actions.dtype}")
+        self._check_per_env("rewards", rewards)
+        self._check_per_env("terminated", terminated, torch.bool)
+        self._check_per_env("truncated", truncated, torch.bool)
+        self._check_observations(observations)
+
+        ended_mask = terminated | truncated
+        ended = ended_mask.tolist()
+        action_list = actions.tolist()
+        reward_list = [float(r) for r in rewards.tolist()]
+        # One copy per call, not per frame: the stored frames are views into these clones.
+        if self.frame_stack is None:
+            newest = observations.clone()
+        else:
+            newest = observations[:, -1].clone()
+        restarted: dict[int, torch.Tensor] = {}
+        if any(ended):
+            restarted = dict(zip(torch.nonzero(ended_mask).flatten().tolist(),
+                                 observations[ended_mask].clone().unbind(0), strict=True))
+
+        for env in range(self.num_envs):
+            window = self._windows[env]
+            window.append(_Step(self._current[env], action_list[env], reward_list[env]))
+            if ended[env]:
+                self._end_episode(env)
+                self._current[env] = self._store_first(restarted[env])
+                continue
+            self._current[env] = self._current[env][1:] + (self._store(newest[env]),)
+            if len(window) == self.n:
+                # The n-th step did not end the episode: a full n-step transition.
+                return_ = self._discounted_sum([step.reward for step in window])
+                step = window.popleft()
+                self._emitted.append(_Transition(step.observation, self._current[env],
+                                                 step.action, return_, self._powers[self.n]))
+
+    def _end_episode(self, env: int) -> None:
+        """Emit every pending step of ``env`` with discount 0, oldest first."""
+        window = self._windows[env]
+        rewards = [step.reward for step in window]
+        for j, step in enumerate(window):
+            self._emitted.append(_Transition(step.observation, step.observation, step.action,
+                                             self._discounted_sum(rewards[j:]), 0.0))
+        window.clear()
+
+    def _discounted_sum(self, rewards: list[float]) -> float:
+        """``sum_k gamma^k r_k`` in float64 (Python floats), left to right."""
+        total = 0.0
+        for k, reward in enumerate(rewards):
+            total += self._powers[k] * reward
+        return total
+
+    def _store(self, frame: torch.Tensor) -> int:
+        frame_id = self._next_frame_id
+        self._frames[frame_id] = frame
+        self._next_frame_id += 1
+        return frame_id
+
+    def _store_first(self, observation: torch.Tensor) -> FrameIds:
+        """Store every frame of an episode's first observation (one env's, already copied)."""
+        if self.frame_stack is None:
+            return (self._store(observation),)
+        return tuple(self._store(frame) for frame in observation.unbind(0))
+
+    # ------------------------------------------------------------------ output
+
+    def pending(self) -> int:
+        """Steps recorded whose transitions are not emitted yet (summed over envs)."""
+        return sum(len(window) for window in self._windows)
+
+    def flush(self) -> TransitionBatch | None:
+        """Everything emitted since the last flush as one self-contained batch, or None.
+
+        ``frames`` holds each frame the transitions refer to once, in arrival order.
+        Transitions are in emission order (see the module docstring).
+        """
+        if not self._emitted:
+            return None
+        emitted, self._emitted = self._emitted, []
+        frame_ids = sorted({f for t in emitted for f in t.observation + t.next_observation})
+        row = {frame_id: i for i, frame_id in enumerate(frame_ids)}
+        batch = TransitionBatch(
+            frames=torch.stack([self._frames[f] for f in frame_ids]),
+            observation_frames=torch.tensor([[row[f] for f in t.observation] for t in emitted],
+                                            dtype=torch.int64),
+            next_observation_frames=torch.tensor(
+                [[row[f] for f in t.next_observation] for t in emitted], dtype=torch.int64),
+            actions=torch.tensor([t.action for t in emitted], dtype=torch.int64),
+            returns=torch.tensor([t.return_ for t in emitted], dtype=torch.float64).float(),
+            discounts=torch.tensor([t.discount for t in emitted], dtype=torch.float32),
+        )
+        # Keep only the frames that pending steps and current observations still need.
+        live = {f for ids in self._current for f in ids}
+        live.update(f for window in self._windows for step in window for f in step.observation)
+        self._frames = {f: frame for f, frame in self._frames.items() if f in live}
+        return batch
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: windows, their frames, unflushed output.
+
+        Plain Python containers and tensors only (loadable with ``weights_only=True``);
+        the frames are copied into one ``[F, *frame_shape]`` tensor.
+        """
+        frame_ids = sorted(self._frames)
+        return {
+            "num_envs": self.num_envs,
+            "n": self.n,
+            "discount": self.discount,
+            "frame_stack": self.frame_stack,
+            "observation_shape": (None if self._observation_shape is None
+                                  else list(self._observation_shape)),
+            "dtype": self._dtype,
+            "next_frame_id": self._next_frame_id,
+            "frame_ids": torch.tensor(frame_ids, dtype=torch.int64),
+            "frames": (torch.stack([self._frames[f] for f in frame_ids]) if frame_ids
+                       else None),
+            "windows": [[(list(s.observation), s.action, s.reward) for s in window]
+                        for window in self._windows],
+            "current": [list(ids) for ids in self._current],
+            "emitted": [(list(t.observation), list(t.next_observation), t.action, t.return_,
+                         t.discount) for t in self._emitted],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a writer saved by :meth:`state_dict`; its settings must equal this one's."""
+        for key in ("num_envs", "n", "discount", "frame_stack"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(f"the state was saved with {key}={state.get(key)!r}, "
+                                 f"this writer has {key}={getattr(self, key)!r}")
+        self._reset()
+        shape = state["observation_shape"]
+        self._observation_shape = None if shape is None else tuple(shape)
+        self._dtype = state["dtype"]
+        self._next_frame_id = int(state["next_frame_id"])
+        if state["frames"] is not None:
+            frames = state["frames"].clone()  # do not alias the caller's state
+            ids = state["frame_ids"].tolist()
+            self._frames = dict(zip(ids, frames.unbind(0), strict=True))
+        for env, window in enumerate(state["windows"]):
+            self._windows[env].extend(_Step(tuple(obs), int(action), float(reward))
+                                      for obs, action, reward in window)
+        self._current = [tuple(ids) for ids in state["current"]]
+        self._emitted = [_Transition(tuple(obs), tuple(next_obs), int(action), float(return_),
+                                     float(discount))
+                         for obs, next_obs, action, return_, discount in state["emitted"]]
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_per_env(self, name: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != (self.num_envs,):
+            raise ValueError(f"{name} must have shape [{self.num_envs}] (one per env), "
+                             f"got {list(x.shape)}")
+        if dtype is not None and x.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {x.dtype}")
+
+    def _check_observations(self, observations: torch.Tensor) -> None:
+        if not isinstance(observations, torch.Tensor):
+            raise ValueError(f"observations must be a torch.Tensor, "
+                             f"got {type(observations).__name__}")
+        shape = list(observations.shape)
+        if self._observation_shape is not None:
+            expected = [self.num_envs, *self._observation_shape]
+            if shape != expected:
+                raise ValueError(f"observations must have shape {expected} (as in begin), "
+                                 f"got {shape}")
+            if observations.dtype != self._dtype:
+                raise ValueError(f"observations must be {self._dtype} (as in begin), "
+                                 f"got {observations.dtype}")
+            return
+        if not shape or shape[0] != self.num_envs:
+            raise ValueError(f"observations must have shape [{self.num_envs}, *obs_shape] "
+                             f"(num_envs first), got {shape}")
+        if self.frame_stack is not None and (len(shape) < 2 or shape[1] != self.frame_stack):
+            raise ValueError(f"observations must have shape [{self.num_envs}, "
+                             f"{self.frame_stack}, *frame_shape] (frame_stack={self.frame_stack})"
+                             f", got {shape}")
+
+
+def rebuild_observations(
+    batch: TransitionBatch, frame_stack: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The observations of a batch, rebuilt from its frames.
+
+    Args:
+      batch: a :class:`TransitionBatch` of ``K`` transitions.
+      frame_stack: as given to the :class:`NStepWriter` that wrote it.
+
+    Returns:
+      ``(observations, next_observations)``, each [K, *obs_shape]: ``s_t`` and ``s_{t+n}``
+      (``s_t`` again where the discount is 0).
+    """
+    _check_frame_stack(frame_stack)
+    stack = 1 if frame_stack is None else frame_stack
+    for name in ("observation_frames", "next_observation_frames"):
+        rows = getattr(batch, name)
+        if rows.dim() != 2 or rows.shape[1] != stack:
+            raise ValueError(f"batch.{name} must have shape [K, {stack}] for "
+                             f"frame_stack={frame_stack}, got {list(rows.shape)}")
+    observations = batch.frames[batch.observation_frames]
+    next_observations = batch.frames[batch.next_observation_frames]
+    if frame_stack is None:
+        return observations[:, 0], next_observations[:, 0]
+    return observations, next_observations
