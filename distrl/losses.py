@@ -75,3 +75,39 @@ def entropy(logits_t: torch.Tensor) -> torch.Tensor:
     """Mean policy entropy in nats over ``[T, B]`` (a diagnostic, not a loss)."""
     log_policy = F.log_softmax(logits_t, dim=-1)
     return -(log_policy.exp() * log_policy).sum(-1).mean()
+
+
+def n_step_double_q_targets(
+    returns: torch.Tensor,
+    discounts: torch.Tensor,
+    next_online_q: torch.Tensor,
+    next_target_q: torch.Tensor,
+) -> torch.Tensor:
+    """n-step double-Q targets (Horgan et al. 2018, eq. 1 with van Hasselt et al. 2016):
+
+    ``G_t = R_t^(n) + gamma^n * q_target(s_{t+n}, argmax_a q(s_{t+n}, a))``, where the
+    online network picks the action and the target network evaluates it; ``discounts``
+    holds ``gamma^n``, or 0 where the episode ended within the n steps.
+
+    Args:
+      returns: [B] ``R_t^(n)``.
+      discounts: [B] ``gamma^n`` or 0.
+      next_online_q, next_target_q: [B, A] action values of ``s_{t+n}``.
+
+    Returns:
+      [B] targets, without gradient.
+    """
+    with torch.no_grad():
+        best = next_online_q.argmax(dim=-1, keepdim=True)
+        bootstrap = next_target_q.gather(-1, best).squeeze(-1)
+        return returns + discounts * bootstrap
+
+
+def weighted_huber_loss(
+    td_errors: torch.Tensor, weights: torch.Tensor, delta: float = 1.0
+) -> torch.Tensor:
+    """Mean over the batch of ``w_i * huber(td_i)``: quadratic within ``delta``, linear
+    beyond (Mnih et al. 2015's error clipping), weighted by importance-sampling weights
+    (Schaul et al. 2016, Algorithm 1)."""
+    return (weights * F.huber_loss(td_errors, torch.zeros_like(td_errors), reduction="none",
+                                   delta=delta)).mean()

@@ -345,3 +345,51 @@ class ActorCriticNet(nn.Module):
             features, new_state = self.core(features, (h, c), resets)
         logits, values = self.head(features)
         return logits, values, new_state
+
+
+class DuelingHead(nn.Module):
+    """Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a') (Wang et al. 2016, eq. 9), each stream a
+    hidden layer of ``hidden_size`` then a linear output, as Ape-X uses it."""
+
+    def __init__(self, in_size: int, num_actions: int, hidden_size: int = 512) -> None:
+        super().__init__()
+        self.value = nn.Sequential(nn.Linear(in_size, hidden_size), nn.ReLU(),
+                                   nn.Linear(hidden_size, 1))
+        self.advantage = nn.Sequential(nn.Linear(in_size, hidden_size), nn.ReLU(),
+                                       nn.Linear(hidden_size, num_actions))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        advantages = self.advantage(features)
+        return self.value(features) + advantages - advantages.mean(dim=-1, keepdim=True)
+
+
+class DuelingQNet(nn.Module):
+    """Torso -> dueling head: ``[B, *obs_shape] -> [B, A]`` action values (Ape-X DQN).
+
+    The streams split after the torso's features; with the Nature torso its 512-unit
+    layer is shared by both streams, one layer deeper than Wang et al. 2016, whose
+    streams split right after the convolutions.
+    """
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        num_actions: int,
+        torso: str = "auto",
+        hidden_size: int = 256,
+        mlp_layers: int = 2,
+        head_size: int = 512,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.num_actions = num_actions
+        self.torso, features = make_torso(torso, self.obs_shape, hidden_size, mlp_layers)
+        self.head = DuelingHead(features, num_actions, head_size)
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        if tuple(observations.shape[1:]) != self.obs_shape:
+            raise ValueError(
+                f"DuelingQNet expects observations of shape [B, "
+                f"{', '.join(map(str, self.obs_shape))}], got {tuple(observations.shape)}"
+            )
+        return self.head(self.torso(observations))

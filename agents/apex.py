@@ -1,0 +1,193 @@
+"""Ape-X DQN: distributed prioritized experience replay (Horgan et al. 2018).
+
+Many actors, each with its own exploration rate, act with a copy of the network,
+compute the initial priority of their n-step transitions themselves and send them to
+one prioritized replay; the learner trains a dueling double DQN on prioritized samples
+and writes the new priorities back. Read top to bottom: config -> network -> policy ->
+loss.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from distrl import losses
+from distrl.config import (
+    ConfigError,
+    ModelConfig,
+    OptimizerConfig,
+    check_choice,
+    check_non_negative,
+    check_positive,
+    check_unit_interval,
+)
+from distrl.models import DuelingQNet
+from distrl.types import SampleBatch
+
+# ---------------------------------------------------------------- config
+
+
+def apex_optimizer() -> OptimizerConfig:
+    """Centered RMSProp, lr 0.00025 / 4, decay 0.95, eps 1.5e-7, no momentum, gradient
+    norms clipped to 40 (Horgan et al. 2018, Appendix C); the lr stays constant."""
+    return OptimizerConfig(name="rmsprop", lr=0.00025 / 4, lr_schedule="constant", alpha=0.95,
+                           eps=1.5e-7, momentum=0.0, centered=True, max_grad_norm=40.0)
+
+
+@dataclass
+class ApexConfig:
+    """Ape-X hyperparameters; defaults from Horgan et al. 2018, Section 4 and Appendix C."""
+
+    name: str = "apex"
+    n_step: int = 3  # n of the n-step return
+    discount: float = 0.99  # gamma
+    batch_size: int = 512  # transitions per learner update
+    replay_capacity: int = 2_000_000  # transitions kept (FIFO)
+    learning_starts: int = 50_000  # transitions stored before the first update
+    target_update_interval: int = 2_500  # learner updates between target-network copies
+    priority_alpha: float = 0.6  # P(i) ~ p_i^alpha
+    priority_beta: float = 0.4  # importance-sampling exponent
+    priority_beta_final: Optional[float] = None  # anneal beta to this (None: fixed, as Ape-X)
+    priority_beta_steps: int = 0  # learner updates over which beta is annealed
+    priority_epsilon: float = 1e-6  # added to |TD| so no stored transition has P = 0
+    epsilon_base: float = 0.4  # actor i of N explores with 0.4^(1 + 7 i / (N - 1))
+    epsilon_exponent: float = 7.0
+    actor_buffer: int = 50  # steps per env an actor gathers before sending (local buffer)
+    weight_sync_steps: int = 100  # actor steps between weight pulls (400 frames / 4)
+    replay_ratio: float = 0.0  # one-process mode: samples per inserted transition (0: auto)
+    reward_clipping: str = "abs_one"  # applied per step by the actors, before the n-step sum
+    huber_delta: float = 1.0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=apex_optimizer)
+
+    def __post_init__(self) -> None:
+        if self.name != "apex":
+            raise ConfigError(f"agent.name must be 'apex' for ApexConfig, got {self.name!r}")
+        for name in ("n_step", "batch_size", "replay_capacity", "target_update_interval",
+                     "actor_buffer", "weight_sync_steps", "huber_delta"):
+            check_positive(f"agent.{name}", getattr(self, name))
+        if isinstance(self.n_step, bool) or not isinstance(self.n_step, int):
+            raise ConfigError(f"agent.n_step must be an int >= 1, got {self.n_step!r}")
+        check_non_negative("agent.learning_starts", self.learning_starts)
+        check_non_negative("agent.priority_beta_steps", self.priority_beta_steps)
+        check_non_negative("agent.priority_epsilon", self.priority_epsilon)
+        check_non_negative("agent.replay_ratio", self.replay_ratio)
+        check_unit_interval("agent.discount", self.discount)
+        check_unit_interval("agent.priority_alpha", self.priority_alpha)
+        check_unit_interval("agent.priority_beta", self.priority_beta)
+        if self.priority_beta_final is not None:
+            check_unit_interval("agent.priority_beta_final", self.priority_beta_final)
+        check_unit_interval("agent.epsilon_base", self.epsilon_base)
+        check_non_negative("agent.epsilon_exponent", self.epsilon_exponent)
+        check_choice("agent.reward_clipping", self.reward_clipping, losses.REWARD_CLIPPING)
+        if self.replay_capacity < self.batch_size:
+            raise ConfigError(f"agent.replay_capacity ({self.replay_capacity}) must be at least "
+                              f"agent.batch_size ({self.batch_size})")
+        if self.replay_capacity < self.learning_starts:
+            raise ConfigError(f"agent.replay_capacity ({self.replay_capacity}) must be at least "
+                              f"agent.learning_starts ({self.learning_starts})")
+
+
+def epsilon_ladder(count: int, base: float = 0.4, exponent: float = 7.0) -> torch.Tensor:
+    """[count] exploration rates ``eps_i = base^(1 + exponent * i / (count - 1))``
+    (Horgan et al. 2018, Section 4.1: 0.4 and 7); one actor gets ``base``."""
+    if count == 1:
+        return torch.tensor([base], dtype=torch.float64)
+    i = torch.arange(count, dtype=torch.float64)
+    return base ** (1 + exponent * i / (count - 1))
+
+
+# ---------------------------------------------------------------- network
+
+
+def make_network(obs_shape: tuple[int, ...], num_actions: int, model: ModelConfig) -> nn.Module:
+    """The dueling network (Wang et al. 2016) on the Nature CNN, or on an MLP for vectors."""
+    return DuelingQNet(obs_shape, num_actions, torso=model.torso, hidden_size=model.hidden_size,
+                       mlp_layers=model.mlp_layers)
+
+
+class EpsilonGreedyPolicy:
+    """Greedy in the network's Q values, except that env ``i`` acts uniformly at random
+    with probability ``epsilons[i]``."""
+
+    def __init__(self, model: nn.Module, epsilons: torch.Tensor,
+                 generator: Optional[torch.Generator] = None) -> None:
+        self.model = model
+        self.epsilons = epsilons
+        self.generator = generator
+
+    @torch.no_grad()
+    def __call__(self, observations: torch.Tensor) -> torch.Tensor:
+        q = self.model(observations)
+        greedy = q.argmax(dim=-1)
+        n, num_actions = q.shape
+        explore = torch.rand(n, generator=self.generator, dtype=torch.float64) < self.epsilons
+        random = torch.randint(0, num_actions, (n,), generator=self.generator)
+        return torch.where(explore, random, greedy)
+
+
+# ---------------------------------------------------------------- loss
+
+
+class ApexLoss:
+    """Dueling double DQN with n-step returns and importance-weighted Huber loss.
+
+    ``TD_i = G_i - q(s_i, a_i)`` with the n-step double-Q target ``G_i``
+    (:func:`distrl.losses.n_step_double_q_targets`); the loss is the mean of
+    ``w_i * huber(TD_i)``, and ``|TD_i|`` are the new priorities (Horgan et al. 2018,
+    Algorithm 2). Holds the target network and copies the online weights into it every
+    ``target_update_interval`` calls.
+    """
+
+    def __init__(self, model: nn.Module, target_update_interval: int, huber_delta: float = 1.0):
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.target_update_interval = target_update_interval
+        self.huber_delta = huber_delta
+        self.calls = 0
+
+    def __call__(
+        self, model: nn.Module, batch: SampleBatch
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        if self.calls % self.target_update_interval == 0:
+            self.target.load_state_dict(model.state_dict())
+        self.calls += 1
+        q = model(batch.observations)
+        q_taken = q.gather(1, batch.actions.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            next_online = model(batch.next_observations)
+            next_target = self.target(batch.next_observations)
+        targets = losses.n_step_double_q_targets(batch.returns, batch.discounts, next_online,
+                                                 next_target)
+        td_errors = targets - q_taken
+        loss = losses.weighted_huber_loss(td_errors, batch.weights, self.huber_delta)
+        priorities = td_errors.detach().abs()
+        metrics = {
+            "loss/huber": float(loss.detach()), "learner/td_error": float(priorities.mean()),
+            "learner/q_mean": float(q_taken.detach().mean()),
+            "replay/is_weight_mean": float(batch.weights.mean()),
+        }
+        return loss, metrics, priorities
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"target": self.target.state_dict(), "calls": self.calls}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.target.load_state_dict(state["target"])
+        self.calls = int(state["calls"])
+
+
+@torch.no_grad()
+def initial_priorities(model: nn.Module, observations: torch.Tensor, actions: torch.Tensor,
+                       returns: torch.Tensor, discounts: torch.Tensor,
+                       next_observations: torch.Tensor) -> torch.Tensor:
+    """``|TD|`` of new transitions under an actor's own network copy, used as online and
+    target network alike (Horgan et al. 2018, Algorithm 1: actors compute priorities)."""
+    q_taken = model(observations).gather(1, actions.unsqueeze(1)).squeeze(1)
+    next_q = model(next_observations)
+    targets = losses.n_step_double_q_targets(returns, discounts, next_q, next_q)
+    return (targets - q_taken).abs()
