@@ -16,12 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+from distrl.config import check_unit_interval
 from distrl.replay.sum_tree import SumTree
-
-
-def _check_unit(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
 
 
 class UniformSampler:
@@ -80,10 +76,10 @@ class PrioritizedSampler:
         epsilon: float = 1e-6,
         kernel: str = "auto",
     ) -> None:
-        _check_unit("alpha", alpha)
-        _check_unit("beta", beta)
+        check_unit_interval("alpha", alpha)
+        check_unit_interval("beta", beta)
         if beta_final is not None:
-            _check_unit("beta_final", beta_final)
+            check_unit_interval("beta_final", beta_final)
         if isinstance(beta_steps, bool) or not isinstance(beta_steps, int) or beta_steps < 0:
             raise ValueError(f"beta_steps must be an int >= 0, got {beta_steps!r}")
         if not epsilon >= 0:
