@@ -35,6 +35,12 @@ def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
+def check_count(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is an int >= 1 (a size or a count)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def check_unit_interval(name: str, value: Any) -> None:
     """Raise ConfigError unless ``value`` lies in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:

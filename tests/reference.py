@@ -231,3 +231,13 @@ def n_step_transitions_naive(episodes: list, n: int, discount: float) -> dict:
             else:
                 out[(env, t)] = (observation, action, total, discount**n, steps[t + n][0], last)
     return out
+
+
+Z_999 = 3.090232306167813  # standard normal 0.999 quantile
+
+
+def chi2_quantile(df: int, z: float = Z_999) -> float:
+    """Chi-square quantile by Wilson and Hilferty (1931): ``(X/df)^(1/3)`` is nearly normal
+    with mean ``1 - 2/(9 df)`` and variance ``2/(9 df)``; ``z`` is the normal quantile."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3

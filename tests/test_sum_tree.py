@@ -18,7 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from reference import importance_weights_naive, priorities_after_updates, stratified_sample_naive
+from reference import (
+    chi2_quantile,
+    importance_weights_naive,
+    priorities_after_updates,
+    stratified_sample_naive,
+)
 
 from distrl import ops
 from distrl.replay.sum_tree import SumTree, sample_reference, tree_layout, update_reference
@@ -141,15 +146,6 @@ def _uniforms(kind: str, n: int, dtype: torch.dtype, device: str, seed: int = 0)
         raise AssertionError(kind)
     return u.to(device)
 
-
-def _chi2_quantile(df: int, z: float) -> float:
-    """Chi-square quantile by Wilson and Hilferty (1931): ``(X/df)^(1/3)`` is nearly normal
-    with mean ``1 - 2/(9 df)`` and variance ``2/(9 df)``; ``z`` is the normal quantile."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * math.sqrt(h)) ** 3
-
-
-Z_999 = 3.090232306167813  # standard normal 0.999 quantile
 
 
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -358,7 +354,7 @@ def test_frequencies_chi_square(path):
     positive = p > 0
     expected = n_batches * batch_size * p[positive]
     chi2 = (((counts[positive] - expected) ** 2) / expected).sum()
-    assert chi2 < _chi2_quantile(int(positive.sum()) - 1, Z_999), chi2
+    assert chi2 < chi2_quantile(int(positive.sum()) - 1), chi2
     # Stratification: one draw per segment of mass total/B, so within each batch a leaf of
     # probability P is drawn B*P times give or take less than 2 (multinomial draws are not).
     assert np.abs(per_batch - batch_size * p).max() < 2

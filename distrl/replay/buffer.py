@@ -6,6 +6,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from distrl.config import check_count
 from distrl.replay.samplers import PrioritizedSampler, UniformSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.types import SampleBatch, TransitionBatch
@@ -46,8 +47,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, generator: Optional[torch.Generator] = None) -> SampleBatch:
         """``batch_size`` transitions with observations rebuilt and IS weights."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        check_count("batch_size", batch_size)
         ids, weights = self.sampler.sample(batch_size, self.storage.live_ids(), generator)
         fields = self.storage.gather(ids)
         self.sampled += batch_size

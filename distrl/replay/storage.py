@@ -26,12 +26,8 @@ from typing import Any, Optional
 
 import torch
 
+from distrl.config import check_count
 from distrl.types import TransitionBatch
-
-
-def _check_count(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 class TransitionStorage:
@@ -57,12 +53,12 @@ class TransitionStorage:
         frame_stack: Optional[int] = None,
         frame_capacity: Optional[int] = None,
     ) -> None:
-        _check_count("capacity", capacity)
+        check_count("capacity", capacity)
         if frame_stack is not None:
-            _check_count("frame_stack", frame_stack)
+            check_count("frame_stack", frame_stack)
         if frame_capacity is None:
             frame_capacity = capacity + capacity // 8 + (frame_stack or 1)
-        _check_count("frame_capacity", frame_capacity)
+        check_count("frame_capacity", frame_capacity)
         self.capacity = capacity
         self.frame_capacity = frame_capacity
         self.frame_shape = tuple(frame_shape)

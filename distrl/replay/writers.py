@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from distrl.config import check_count
 from distrl.types import TransitionBatch
 
 FrameIds = tuple[int, ...]  # ids of the frames of one observation, oldest first
@@ -90,10 +91,8 @@ class NStepWriter:
     """
 
     def __init__(self, num_envs: int, n: int, discount: float, frame_stack: int | None) -> None:
-        if not _is_int(num_envs) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        if not _is_int(n) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        check_count("num_envs", num_envs)
+        check_count("n", n)
         if (not isinstance(discount, (int, float)) or isinstance(discount, bool)
                 or not 0.0 <= discount <= 1.0):
             raise ValueError(f"discount must be a float in [0, 1], got {discount!r}")
