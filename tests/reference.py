@@ -195,12 +195,14 @@ def n_step_transitions_naive(episodes: list, n: int, discount: float) -> dict:
     episode goes on after step ``t+n-1`` the transition bootstraps from ``s_{t+n}`` with
     discount ``gamma^n``, otherwise (the episode ended at step ``t+m-1``, which may be
     step ``t+n-1`` itself) the discount is 0 and the next observation is ``s_t``.
-    Truncation and termination are both just "ended" here.
+    If the episode was truncated (``ended == "trunc"``) within the window, the transition
+    is left out: the observation to bootstrap from is unknown.
 
     Args:
       episodes: one list per env of that env's steps over consecutive episodes, each
         ``(observation, action, reward, ended)``: the observation acted on, the action,
-        the reward that followed, whether the episode ended with this step. Each list
+        the reward that followed, whether the episode ended with this step (True for a
+        termination, ``"trunc"`` for a truncation). Each list
         must end with an ended step, so that every transition is determined.
       n: steps per transition.
       discount: ``gamma``.
@@ -223,9 +225,11 @@ def n_step_transitions_naive(episodes: list, n: int, discount: float) -> dict:
                 _, _, reward, step_ended = steps[last]
                 total += discount**k * reward
                 if step_ended:
-                    ended = True
+                    ended = step_ended
                     break
             observation, action = steps[t][0], steps[t][1]
+            if ended == "trunc":
+                continue
             if ended:
                 out[(env, t)] = (observation, action, total, 0.0, observation, last)
             else:

@@ -100,6 +100,11 @@ def _keyed(batches: list[TransitionBatch], frame_stack: int | None, key_of) -> l
     return out
 
 
+def _ended(kind: str | None) -> bool | str:
+    """The naive reference's ``ended``: True (termination), "trunc" or False."""
+    return {"term": True, "trunc": "trunc", None: False}[kind]
+
+
 def _assert_matches_naive(transitions: list, naive: dict) -> None:
     keys = [t[0] for t in transitions]
     # Emission order: by step, then env, then time.
@@ -127,7 +132,7 @@ def test_two_envs_with_interleaved_flushes_match_the_naive_transitions() -> None
         rewards = [(t + 1) * (env + 2) - 0.3 for env in range(2)]
         for env in range(2):
             episodes[env].append(((float(env), float(t)), actions[env], _f32(rewards[env]),
-                                  t in ends[env]))
+                                  _ended(ends[env].get(t))))
         _add(writer, actions, rewards, [[float(env), t + 1.0] for env in range(2)],
              [ends[env].get(t) == "term" for env in range(2)],
              [ends[env].get(t) == "trunc" for env in range(2)])
@@ -140,7 +145,7 @@ def test_two_envs_with_interleaved_flushes_match_the_naive_transitions() -> None
     assert writer.pending() == 0
 
     naive = n_step_transitions_naive(episodes, n, gamma)
-    assert len(naive) == 2 * num_steps
+    assert len(naive) == 2 * num_steps - 2  # env 1's truncated 2-step episode is dropped
     transitions = _keyed(batches, None, lambda o: (int(o[0]), int(o[1])))
     _assert_matches_naive(transitions, naive)
 
@@ -245,7 +250,8 @@ def test_stacked_frames_over_two_envs_match_the_naive_transitions() -> None:
     for t in range(9):
         for env in range(2):
             key_by_newest[_frame_number(fake.stacks[env][-1])] = (env, t)
-            episodes[env].append((fake.stack(env), t + 3 * env, 0.5 * t - env, t in ends[env]))
+            episodes[env].append((fake.stack(env), t + 3 * env, 0.5 * t - env,
+                                  _ended(ends[env].get(t))))
             fake.restart(env) if t in ends[env] else fake.push(env)
         _add(writer, [t, t + 3], [0.5 * t, 0.5 * t - 1], fake.observations(),
              [ends[env].get(t) == "term" for env in range(2)],
@@ -284,8 +290,8 @@ def test_one_step_transitions() -> None:
 def test_zero_discount_keeps_only_the_first_reward() -> None:
     writer = NStepWriter(num_envs=1, n=3, discount=0.0, frame_stack=None)
     writer.begin(torch.tensor([[0.0]]))
-    for t in range(6):  # truncated at the last step
-        _add(writer, [t], [t + 1.0], [[t + 1.0]], [False], [t == 5])
+    for t in range(6):  # terminated at the last step
+        _add(writer, [t], [t + 1.0], [[t + 1.0]], [t == 5])
         if t == 4:
             batch = writer.flush()
             assert batch.returns.tolist() == [1.0, 2.0, 3.0]
@@ -298,6 +304,28 @@ def test_zero_discount_keeps_only_the_first_reward() -> None:
     assert writer.pending() == 0
 
 
+def test_truncation_drops_the_steps_that_have_no_bootstrap_observation() -> None:
+    # n = 3 over one env: steps 0..4, truncated at step 4, then terminated at step 6.
+    writer = NStepWriter(num_envs=1, n=3, discount=0.5, frame_stack=None)
+    writer.begin(torch.tensor([[0.0]]))
+    for t in range(5):
+        _add(writer, [t], [1.0], [[t + 1.0 if t < 4 else 100.0]], [False], [t == 4])
+    batch = writer.flush()
+    # Steps 0, 1 have full windows inside the episode; 2, 3, 4 would bootstrap from the
+    # lost observation after the time limit, so they are gone.
+    assert batch.actions.tolist() == [0, 1]
+    assert batch.discounts.tolist() == [0.125, 0.125]
+    assert rebuild_observations(batch, None)[1].tolist() == [[3.0], [4.0]]
+    assert writer.pending() == 0
+    # Terminated and truncated in the same step: termination wins (discount 0, kept).
+    _add(writer, [5], [2.0], [[101.0]], [False])
+    _add(writer, [6], [4.0], [[200.0]], [True], [True])
+    batch = writer.flush()
+    assert batch.actions.tolist() == [5, 6]
+    assert batch.returns.tolist() == [4.0, 4.0]
+    assert batch.discounts.tolist() == [0.0, 0.0]
+
+
 def test_a_second_begin_ends_the_episodes_like_a_truncation() -> None:
     writer = NStepWriter(num_envs=2, n=3, discount=0.5, frame_stack=None)
     writer.begin(torch.tensor([[0.0], [10.0]]))
@@ -305,10 +333,7 @@ def test_a_second_begin_ends_the_episodes_like_a_truncation() -> None:
     _add(writer, [3, 4], [3.0, 4.0], [[2.0], [12.0]], [False, False])
     writer.begin(torch.tensor([[20.0], [30.0]]))
     assert writer.pending() == 0
-    batch = writer.flush()
-    assert batch.actions.tolist() == [1, 3, 2, 4]
-    assert batch.returns.tolist() == [2.5, 3.0, 4.0, 4.0]
-    assert batch.discounts.tolist() == [0.0] * 4
+    assert writer.flush() is None  # the pending steps had no bootstrap observation
     _add(writer, [5, 6], [1.0, 1.0], [[21.0], [31.0]], [True, True])
     observations, _ = rebuild_observations(writer.flush(), None)
     assert observations.tolist() == [[20.0], [30.0]]

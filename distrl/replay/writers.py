@@ -15,14 +15,15 @@ the episode's end. With a discount of 0 the next observation is never read, so `
 stands in for it and nothing extra is stored.
 
 Episode ends. A window of n steps is emitted as a full n-step transition only if its n-th
-step did not end the episode. When a step ends the episode, every pending step of that env
-is emitted with discount 0, including a window whose n-th step is the one that ended it:
-the observation after that step belongs to the next episode. The envs autoreset in the
-same step (see :class:`distrl.types.EnvStep`), so the last observation of an ended episode
-is never seen and a truncated episode has nothing to bootstrap from: truncation is treated
-exactly like termination. That treats a time limit as terminal, the bias Pardo et al.
-(2018, "Time Limits in Reinforcement Learning") describe; it is the price of envs that do
-not expose the final observation.
+step did not end the episode. When a step *terminates* the episode, every pending step of
+that env is emitted with discount 0, including a window whose n-th step is the one that
+ended it: the observation after that step belongs to the next episode. When a step
+*truncates* the episode (a time limit), the pending steps are dropped instead: the envs
+autoreset in the same step (see :class:`distrl.types.EnvStep`), so the observation to
+bootstrap from is never seen, and a discount of 0 would teach the network that a time
+limit is a terminal state, the bias Pardo et al. (2018, "Time Limits in Reinforcement
+Learning") describe. Dropping costs at most ``n - 1`` steps per truncated episode (on
+CartPole-v1's 500-step limit, the terminal treatment made Ape-X oscillate).
 
 Frames. An observation is ``stack`` frames, oldest first (``stack = frame_stack``, or 1
 when an observation is a single vector). Within an episode consecutive observations share
@@ -121,8 +122,8 @@ class NStepWriter:
         """Start an episode in every env.
 
         A second call ends every env's current episode first, like a truncation (its
-        pending steps are emitted with discount 0); the observation shape and dtype must
-        stay those of the first call.
+        pending steps are dropped); the observation shape and dtype must stay those of
+        the first call.
 
         Args:
           observations: [N, *obs_shape] the envs' first observations; ``obs_shape`` is
@@ -134,7 +135,7 @@ class NStepWriter:
             self._dtype = observations.dtype
         else:
             for env in range(self.num_envs):
-                self._end_episode(env)
+                self._windows[env].clear()
         kept = observations.clone()  # the caller may reuse its buffer
         for env in range(self.num_envs):
             self._current[env] = self._store_first(kept[env])
@@ -155,7 +156,8 @@ class NStepWriter:
           observations: [N, *obs_shape] what the step returned; where the episode ended,
             already the next episode's first observation (same-step autoreset).
           terminated: [N] bool, the episode reached a terminal state.
-          truncated: [N] bool, the episode was cut (a time limit); handled as terminated.
+          truncated: [N] bool, the episode was cut (a time limit): its pending steps are
+            dropped (where ``terminated`` is also set, termination wins).
         """
         if self._observation_shape is None:
             raise RuntimeError("NStepWriter.add before begin")
@@ -169,6 +171,7 @@ class NStepWriter:
 
         ended_mask = terminated | truncated
         ended = ended_mask.tolist()
+        cut = (truncated & ~terminated).tolist()
         action_list = actions.tolist()
         reward_list = [float(r) for r in rewards.tolist()]
         # One copy per call, not per frame: the stored frames are views into these clones.
@@ -185,7 +188,10 @@ class NStepWriter:
             window = self._windows[env]
             window.append(_Step(self._current[env], action_list[env], reward_list[env]))
             if ended[env]:
-                self._end_episode(env)
+                if cut[env]:
+                    window.clear()  # no bootstrap observation: see the module docstring
+                else:
+                    self._end_episode(env)
                 self._current[env] = self._store_first(restarted[env])
                 continue
             self._current[env] = self._current[env][1:] + (self._store(newest[env]),)
@@ -197,7 +203,7 @@ class NStepWriter:
                                                  step.action, return_, self._powers[self.n]))
 
     def _end_episode(self, env: int) -> None:
-        """Emit every pending step of ``env`` with discount 0, oldest first."""
+        """Emit every pending step of terminated ``env`` with discount 0, oldest first."""
         window = self._windows[env]
         rewards = [step.reward for step in window]
         for j, step in enumerate(window):
