@@ -9,6 +9,7 @@ from distrl.config import ConfigError
 
 AGENTS = {
     "impala": ("agents.impala", "ImpalaConfig"),
+    "apex": ("agents.apex", "ApexConfig"),
 }
 
 

@@ -4,19 +4,22 @@ Many actors, each with its own exploration rate, act with a copy of the network,
 compute the initial priority of their n-step transitions themselves and send them to
 one prioritized replay; the learner trains a dueling double DQN on prioritized samples
 and writes the new priorities back. Read top to bottom: config -> network -> policy ->
-loss.
+loss -> parts -> run.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from distrl import losses
+from distrl.actor import PolicyOutput
 from distrl.config import (
     ConfigError,
     ModelConfig,
@@ -59,7 +62,9 @@ class ApexConfig:
     epsilon_exponent: float = 7.0
     actor_buffer: int = 50  # steps per env an actor gathers before sending (local buffer)
     weight_sync_steps: int = 100  # actor steps between weight pulls (400 frames / 4)
-    replay_ratio: float = 0.0  # one-process mode: samples per inserted transition (0: auto)
+    # Samples per inserted transition, held by making learner and actors wait on each other.
+    # 0: the paper's free-running learner; in one process, where they take turns, 0 means 1.
+    replay_ratio: float = 0.0
     reward_clipping: str = "abs_one"  # applied per step by the actors, before the n-step sum
     huber_delta: float = 1.0
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -113,7 +118,7 @@ def make_network(obs_shape: tuple[int, ...], num_actions: int, model: ModelConfi
 
 class EpsilonGreedyPolicy:
     """Greedy in the network's Q values, except that env ``i`` acts uniformly at random
-    with probability ``epsilons[i]``."""
+    with probability ``epsilons[i]``. Feed-forward: its recurrent state is empty."""
 
     def __init__(self, model: nn.Module, epsilons: torch.Tensor,
                  generator: Optional[torch.Generator] = None) -> None:
@@ -121,14 +126,18 @@ class EpsilonGreedyPolicy:
         self.epsilons = epsilons
         self.generator = generator
 
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return ()
+
     @torch.no_grad()
-    def __call__(self, observations: torch.Tensor) -> torch.Tensor:
+    def __call__(self, observations: torch.Tensor,
+                 core_state: tuple[torch.Tensor, ...] = ()) -> PolicyOutput:
         q = self.model(observations)
         greedy = q.argmax(dim=-1)
         n, num_actions = q.shape
         explore = torch.rand(n, generator=self.generator, dtype=torch.float64) < self.epsilons
         random = torch.randint(0, num_actions, (n,), generator=self.generator)
-        return torch.where(explore, random, greedy)
+        return PolicyOutput(torch.where(explore, random, greedy), {}, ())
 
 
 # ---------------------------------------------------------------- loss
@@ -191,3 +200,48 @@ def initial_priorities(model: nn.Module, observations: torch.Tensor, actions: to
     next_q = model(next_observations)
     targets = losses.n_step_double_q_targets(returns, discounts, next_q, next_q)
     return (targets - q_taken).abs()
+
+
+# ---------------------------------------------------------------- parts and run
+
+
+def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
+    """The pieces the replay runner wires together for Ape-X; ``kernel`` picks the sum tree."""
+    from distrl.replay_runner import ReplayAgentParts, ReplayConfig
+
+    return ReplayAgentParts(
+        name="apex",
+        make_model=functools.partial(make_network, model=cfg.model),
+        make_policy=EpsilonGreedyPolicy,
+        exploration=functools.partial(epsilon_ladder, base=cfg.epsilon_base,
+                                      exponent=cfg.epsilon_exponent),
+        make_loss=functools.partial(ApexLoss, target_update_interval=cfg.target_update_interval,
+                                    huber_delta=cfg.huber_delta),
+        initial_priorities=initial_priorities,
+        transform_rewards=functools.partial(losses.clip_rewards, mode=cfg.reward_clipping),
+        n_step=cfg.n_step,
+        discount=cfg.discount,
+        batch_size=cfg.batch_size,
+        replay=ReplayConfig(
+            capacity=cfg.replay_capacity, learning_starts=cfg.learning_starts,
+            alpha=cfg.priority_alpha, beta=cfg.priority_beta, beta_final=cfg.priority_beta_final,
+            beta_steps=cfg.priority_beta_steps, epsilon=cfg.priority_epsilon,
+        ),
+        actor_buffer=cfg.actor_buffer,
+        weight_sync_steps=cfg.weight_sync_steps,
+        replay_ratio=cfg.replay_ratio,
+        optimizer=cfg.optimizer,
+    )
+
+
+def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
+    """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig."""
+    from distrl.replay_runner import train_replay_agent
+    from distrl.runner import RunSettings
+
+    settings = RunSettings(
+        env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
+        seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
+        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)), kernel=cfg.kernel,
+    )
+    return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

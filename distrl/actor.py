@@ -19,7 +19,8 @@ import torch
 
 from distrl.envs import VectorEnv
 from distrl.queues import SlotPool
-from distrl.types import EnvStep
+from distrl.replay.writers import NStepWriter
+from distrl.types import EnvStep, TransitionBatch
 
 
 class ActorStopped(Exception):
@@ -141,13 +142,65 @@ class UnrollSink:
             self.begin(observations, core_state)
 
 
+class TransitionSink:
+    """Feeds one env group's steps to an n-step writer and emits what it completed every
+    ``flush_steps`` steps: an Ape-X actor's local buffer (Horgan et al. 2018, Algorithm 1).
+
+    Args:
+        writer: turns the group's steps into n-step transitions.
+        flush_steps: group steps between two emits (the paper's local buffer size B).
+        emit: receives each flushed batch (computes priorities and sends it to the replay).
+        transform_rewards: applied to the raw rewards before the writer sums them
+            (reward clipping); the episode statistics keep the raw returns.
+    """
+
+    def __init__(
+        self,
+        writer: NStepWriter,
+        flush_steps: int,
+        emit: Callable[[TransitionBatch], None],
+        transform_rewards: Callable[[torch.Tensor], torch.Tensor] = lambda r: r,
+    ):
+        self.writer = writer
+        self.flush_steps = flush_steps
+        self.emit = emit
+        self.transform_rewards = transform_rewards
+        self.actions = torch.zeros(0, dtype=torch.int64)
+        self.steps = 0
+
+    def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
+        self.writer.begin(observations)
+
+    def act(self, output: PolicyOutput, version: int) -> None:
+        self.actions = output.actions
+
+    def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None:
+        self.writer.add(self.actions, self.transform_rewards(torch.from_numpy(step.rewards)),
+                        torch.from_numpy(step.observations), torch.from_numpy(step.terminated),
+                        torch.from_numpy(step.truncated))
+        self.steps += 1
+        if self.steps % self.flush_steps == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Emit every transition completed so far (steps still short of n stay pending)."""
+        batch = self.writer.flush()
+        if batch is not None:
+            self.emit(batch)
+
+
 @dataclass
 class EnvGroup:
-    """One batch of environments stepped together, its sink and its acting state."""
+    """One batch of environments stepped together, its sink and its acting state.
+
+    ``policy`` overrides the actor's policy for this group (Ape-X: each group acts with
+    its own slice of the exploration-rate ladder).
+    """
 
     env: VectorEnv
     sink: Sink
     core_state: tuple[torch.Tensor, ...] = ()
+    policy: Policy | None = None
 
 
 class Actor:
@@ -177,7 +230,7 @@ class Actor:
         """Reset every env, open each sink and send the first actions."""
         for group in self.groups:
             observations = torch.from_numpy(group.env.reset())
-            group.core_state = self.policy.initial_state(group.env.num_envs)
+            group.core_state = (group.policy or self.policy).initial_state(group.env.num_envs)
             group.sink.begin(observations, group.core_state)
             self._act(group, observations)
         self._started = True
@@ -198,7 +251,7 @@ class Actor:
     def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:
         version = self.pull_weights()
         start = time.perf_counter()
-        output = self.policy(observations, group.core_state)
+        output = (group.policy or self.policy)(observations, group.core_state)
         self.stats.policy_s += time.perf_counter() - start
         self.stats.policy_version = version
         group.core_state = output.core_state

@@ -9,6 +9,8 @@ end with the run, also when it fails or is interrupted.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import queue
@@ -175,15 +177,27 @@ def build_actor(
     return Actor(groups, parts.make_policy(model), pull_weights, stats)
 
 
+def _unroll_actor(
+    parts: UnrollAgentParts, settings: RunSettings, obs_shape: tuple[int, ...],
+    num_actions: int, pool: SlotPool, store: WeightStore, actor_id: int, stats: ActorStats,
+    should_stop: Callable[[], bool],
+) -> Actor:
+    """An actor process's unroll actor with its own model copy (see :class:`ActorProcesses`)."""
+    model = parts.make_model(obs_shape, num_actions)
+    return build_actor(parts, settings, model, store, pool, actor_id, stats, should_stop)
+
+
+BuildActor = Callable[[int, ActorStats, Callable[[], bool]], Actor]  # (id, stats, stop) -> Actor
+
+
 def _actor_process(
-    actor_id: int, parts: UnrollAgentParts, settings: RunSettings, obs_shape: tuple[int, ...],
-    num_actions: int, pool: SlotPool, store: WeightStore, stats_queue: Any, stop: Any,
+    actor_id: int, build: BuildActor, threads: int, seed: int, stats_queue: Any, stop: Any,
     parent_pid: int,
 ) -> None:
     """Entry point of one actor process: act until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process decides when to stop
-    torch.set_num_threads(settings.distributed.actor_threads)
-    seed_everything(settings.seed * 1_000_003 + actor_id + 1)
+    torch.set_num_threads(threads)
+    seed_everything(seed * 1_000_003 + actor_id + 1)
     actor = None
     try:
         stats = ActorStats()
@@ -191,8 +205,7 @@ def _actor_process(
         def should_stop() -> bool:
             return stop.is_set() or os.getppid() != parent_pid
 
-        model = parts.make_model(obs_shape, num_actions)
-        actor = build_actor(parts, settings, model, store, pool, actor_id, stats, should_stop)
+        actor = build(actor_id, stats, should_stop)
         last_report = time.monotonic()
         while not should_stop():
             actor.step()
@@ -209,14 +222,68 @@ def _actor_process(
             actor.close()
 
 
-class _StopFlag:
+class ActorProcesses:
+    """Spawned actor processes that end with the run, also when it fails.
+
+    Each runs ``build(actor_id, stats, should_stop)`` (picklable: a module-level function
+    or a ``functools.partial`` of one) and steps the actor it returns; counters come back
+    once a second through a queue, and an actor's exception comes back as its traceback.
+    Use as a context manager: leaving it stops, joins and, if needed, kills them all.
+    """
+
+    def __init__(self, ctx: Any, count: int, build: BuildActor, threads: int, seed: int):
+        self.stats_queue = ctx.Queue()
+        self.stop_event = ctx.Event()
+        self.processes = [
+            ctx.Process(target=_actor_process, name=f"distrl-actor-{actor_id}", daemon=True,
+                        args=(actor_id, build, threads, seed, self.stats_queue,
+                              self.stop_event, os.getpid()))
+            for actor_id in range(count)
+        ]
+
+    def __enter__(self) -> ActorProcesses:
+        for p in self.processes:
+            p.start()
+        return self
+
+    def drain(self) -> list[tuple[int, ActorStats]]:
+        """The counters reported since the last call; raises if an actor failed."""
+        drained = []
+        while True:
+            try:
+                kind, actor_id, payload = self.stats_queue.get_nowait()
+            except queue.Empty:
+                return drained
+            if kind == "error":
+                raise RuntimeError(f"actor {actor_id} failed:\n{payload}")
+            drained.append((actor_id, payload))
+
+    def check_alive(self) -> None:
+        """Raise if an actor process has exited (after reporting its error, if any)."""
+        dead = [p.name for p in self.processes if not p.is_alive()]
+        if dead:
+            self.drain()
+            raise RuntimeError(f"actor processes exited unexpectedly: {dead}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_event.set()
+        for p in self.processes:
+            if p.pid is not None:
+                p.join(timeout=10)
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+class StopFlag:
     """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopFlag:
+    def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -336,37 +403,26 @@ def train_unroll_agent(
         return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
                                keep=settings.checkpoint.keep)
 
-    processes: list[Any] = []
-    stats_queue: Any = None
-    stop_event: Any = None
+    actors: ActorProcesses | None = None
     local_actor: Actor | None = None
     local_stats = ActorStats()
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(logger.close)
         if dist.actors == 0:
             policy_model = parts.make_model(obs_shape, num_actions)
             local_actor = build_actor(parts, settings, policy_model, store, pool, 0,
                                       local_stats, lambda: False)
+            cleanup.callback(local_actor.close)
         else:
-            stats_queue, stop_event = ctx.Queue(), ctx.Event()
-            for actor_id in range(dist.actors):
-                p = ctx.Process(
-                    target=_actor_process, name=f"distrl-actor-{actor_id}", daemon=True,
-                    args=(actor_id, parts, settings, obs_shape, num_actions, pool, store,
-                          stats_queue, stop_event, os.getpid()),
-                )
-                p.start()
-                processes.append(p)
+            build = functools.partial(_unroll_actor, parts, settings, obs_shape, num_actions,
+                                      pool, store)
+            actors = cleanup.enter_context(
+                ActorProcesses(ctx, dist.actors, build, dist.actor_threads, settings.seed))
 
         def collect_stats() -> None:
             drained = [local_stats.drain()] if local_actor is not None else []
-            while stats_queue is not None:
-                try:
-                    kind, actor_id, payload = stats_queue.get_nowait()
-                except queue.Empty:
-                    break
-                if kind == "error":
-                    raise RuntimeError(f"actor {actor_id} failed:\n{payload}")
-                drained.append(payload)
+            if actors is not None:
+                drained += [stats for _, stats in actors.drain()]
             for stats in drained:
                 for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
                     logger.episode(ret, length, counters["frames"])
@@ -381,7 +437,7 @@ def train_unroll_agent(
                     local_actor.step()
                 return pool.take(slots_per_batch)
             waited = 0.0
-            first_wait = counters["frames"] == 0 or not processes
+            first_wait = counters["frames"] == 0 or actors is None
             deadline = time.monotonic() + (dist.start_timeout_s if first_wait else 1e9)
             taken: list[int] = []
             while len(taken) < slots_per_batch:
@@ -392,9 +448,8 @@ def train_unroll_agent(
                 except queue.Empty:
                     waited += 1.0
                     collect_stats()
-                    dead = [p.name for p in processes if not p.is_alive()]
-                    if dead:
-                        raise RuntimeError(f"actor processes exited unexpectedly: {dead}") from None
+                    if actors is not None:
+                        actors.check_alive()
                     if time.monotonic() > deadline:
                         raise RuntimeError(
                             f"no unroll from the actors within distributed.start_timeout_s="
@@ -406,7 +461,7 @@ def train_unroll_agent(
         last_checkpoint = time.monotonic()
         report_frames, report_updates, report_time = counters["frames"], learner.updates, \
             time.monotonic()
-        with _StopFlag() as signals:
+        with StopFlag() as signals:
             while counters["frames"] < settings.total_frames:
                 indices, waited = next_batch()
                 unroll = to_unroll(pool.gather(indices))
@@ -448,15 +503,3 @@ def train_unroll_agent(
             "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
         }
-    finally:
-        if stop_event is not None:
-            stop_event.set()
-        for p in processes:
-            p.join(timeout=10)
-        for p in processes:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        if local_actor is not None:
-            local_actor.close()
-        logger.close()

@@ -101,7 +101,7 @@ def test_epsilon_greedy_explores_at_each_envs_rate():
     model = TableQ(torch.tensor([[0.0, 0.0, 0.0, 1.0]]))  # greedy action 3
     epsilons = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64).repeat_interleave(2000)
     policy = EpsilonGreedyPolicy(model, epsilons, torch.Generator().manual_seed(0))
-    actions = policy(torch.zeros(6000, 1)).view(3, 2000)
+    actions = policy(torch.zeros(6000, 1), ()).actions.view(3, 2000)
     assert torch.all(actions[0] == 3)
     # exploring picks uniformly among 4 actions, so non-greedy with prob eps * 3/4
     for row, eps in ((1, 0.5), (2, 1.0)):

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "inference": 2,
     "learner": 2,
     "runner": 3,
+    "replay_runner": 3,
 }
 
 # (importer pattern, imported pattern): same-layer imports ARCHITECTURE.md's brackets allow.
@@ -46,6 +47,7 @@ SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
     ("replay.*", "replay"),
     ("replay.*", "replay.*"),
     ("replay", "replay.*"),
+    ("replay_runner", "runner"),  # shares the run directory, signals and actor processes
 ]
 
 

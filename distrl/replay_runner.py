@@ -1,0 +1,578 @@
+"""Runs a replay-based agent's parts (Ape-X) in one process or with actor processes.
+
+Actors step their envs with an exploring policy copy, turn the steps into n-step
+transitions (:class:`distrl.actor.TransitionSink`), give each transition its initial
+priority with their own network copy and send batches to the one prioritized replay in
+the learner process. The learner inserts what arrived, trains on prioritized samples and
+writes the new priorities back; the next sample is drawn in a thread while the current
+update runs, so the learner does not wait on the replay (Horgan et al. 2018, Section 3).
+
+With ``distributed.actors == 0`` actor and learner take turns in one loop; with actor
+processes, batches travel through shared-memory slots (only slot indices go through
+queues). ``agent.replay_ratio`` > 0 holds the transitions sampled per transition inserted
+at that value in both modes, as a rate limiter: the learner takes new batches only when
+it has used up the last ones, and actors wait for free slots meanwhile (Reverb's
+sample-to-insert ratio). 0 lets the learner run freely on whatever arrived, as in the
+paper, where the ratio is whatever the hardware gives.
+No algorithm lives here: the agent supplies the network, policy, loss and priorities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from distrl import checkpoint, ops
+from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, TransitionSink
+from distrl.config import ConfigError, OptimizerConfig
+from distrl.envs import is_atari, make_envs
+from distrl.learner import Learner, make_lr_schedule, make_optimizer
+from distrl.logging import MetricLogger
+from distrl.queues import FieldSpec, SlotPool
+from distrl.replay.buffer import ReplayBuffer
+from distrl.replay.samplers import PrioritizedSampler
+from distrl.replay.storage import TransitionStorage
+from distrl.replay.writers import NStepWriter, rebuild_observations
+from distrl.runner import (
+    ActorProcesses,
+    RunSettings,
+    StopFlag,
+    env_seed,
+    make_run_dir,
+    seed_everything,
+)
+from distrl.types import SampleBatch, TransitionBatch
+from distrl.weights import WeightStore
+
+CHECKPOINT_FORMAT = 1
+
+# (model, observations, actions, returns, discounts, next_observations) -> [K] priorities
+PriorityFn = Callable[..., torch.Tensor]
+
+
+@dataclass
+class ReplayConfig:
+    """The prioritized replay's settings (Schaul et al. 2016; Horgan et al. 2018)."""
+
+    capacity: int
+    learning_starts: int  # transitions stored before the first update
+    alpha: float
+    beta: float
+    beta_final: Optional[float]
+    beta_steps: int
+    epsilon: float
+
+
+@dataclass
+class ReplayAgentParts:
+    """What a replay-based agent (Ape-X) plugs into the runner.
+
+    Every callable must be picklable (module-level functions, classes or
+    ``functools.partial`` of them): actor processes build their own copies.
+    """
+
+    name: str
+    make_model: Callable[[tuple[int, ...], int], nn.Module]  # (obs_shape, num_actions) -> model
+    make_policy: Callable[[nn.Module, torch.Tensor], Policy]  # (model, epsilons [E]) -> policy
+    exploration: Callable[[int], torch.Tensor]  # number of envs in the run -> [count] epsilons
+    make_loss: Callable[[nn.Module], Any]  # model -> (model, SampleBatch) -> (loss, metrics, |TD|)
+    initial_priorities: PriorityFn  # computed by the actors with their network copy
+    transform_rewards: Callable[[torch.Tensor], torch.Tensor]  # reward clipping, per step
+    n_step: int
+    discount: float
+    batch_size: int
+    replay: ReplayConfig
+    actor_buffer: int  # steps per env an actor gathers before sending
+    weight_sync_steps: int  # actor steps between weight pulls
+    replay_ratio: float  # samples per inserted transition; 0: uncapped (1 in one process)
+    optimizer: OptimizerConfig
+
+
+# ---------------------------------------------------------------- transport
+
+
+class TransitionSlots:
+    """Shared-memory slots that carry one actor batch (transitions, frames, priorities).
+
+    A slot is sized for the largest batch an env group can flush: ``K <= E (B + n - 1)``
+    transitions over at most ``E (B + n + stack) stack`` frames for ``E`` envs, ``B``
+    steps between flushes and ``n``-step transitions (every step could start an episode,
+    which stores a whole stack).
+    """
+
+    def __init__(self, num_slots: int, num_envs: int, flush_steps: int, n_step: int,
+                 frame_shape: tuple[int, ...], frame_dtype: torch.dtype, stack: int,
+                 mp_context: Any = None) -> None:
+        self.max_transitions = num_envs * (flush_steps + n_step - 1)
+        self.max_frames = num_envs * (flush_steps + n_step + stack) * stack
+        k = self.max_transitions
+        specs = {
+            "frames": FieldSpec((self.max_frames, *frame_shape), frame_dtype),
+            "observation_frames": FieldSpec((k, stack), torch.int64),
+            "next_observation_frames": FieldSpec((k, stack), torch.int64),
+            "actions": FieldSpec((k,), torch.int64),
+            "returns": FieldSpec((k,), torch.float32),
+            "discounts": FieldSpec((k,), torch.float32),
+            "priorities": FieldSpec((k,), torch.float32),
+            "sizes": FieldSpec((2,), torch.int64),  # transitions, frames
+        }
+        self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
+
+    def write(self, batch: TransitionBatch, priorities: torch.Tensor,
+              should_stop: Callable[[], bool]) -> float:
+        """Actor side: copy a batch into a free slot and hand it over; returns seconds waited."""
+        k, m = batch.size, batch.frames.shape[0]
+        if k > self.max_transitions or m > self.max_frames:
+            raise RuntimeError(f"an actor batch of {k} transitions / {m} frames exceeds the "
+                               f"slot size {self.max_transitions} / {self.max_frames}")
+        waited = 0.0
+        while True:
+            try:
+                index, w = self.pool.acquire(timeout=0.5)
+                waited += w
+                break
+            except queue.Empty:
+                waited += 0.5
+                if should_stop():
+                    raise ActorStopped from None
+        b = self.pool.buffers
+        b["frames"][index, :m].copy_(batch.frames)
+        for name in ("observation_frames", "next_observation_frames", "actions", "returns",
+                     "discounts"):
+            b[name][index, :k].copy_(getattr(batch, name))
+        b["priorities"][index, :k].copy_(priorities)
+        b["sizes"][index].copy_(torch.tensor([k, m]))
+        self.pool.commit(index)
+        return waited
+
+    def read(self, timeout: float) -> tuple[TransitionBatch, torch.Tensor] | None:
+        """Learner side: the next full slot's batch and priorities (copied), or None."""
+        try:
+            index = self.pool.full.get(timeout=timeout) if timeout > 0 else \
+                self.pool.full.get_nowait()
+        except queue.Empty:
+            return None
+        b = self.pool.buffers
+        k, m = b["sizes"][index].tolist()
+        batch = TransitionBatch(
+            frames=b["frames"][index, :m].clone(),
+            observation_frames=b["observation_frames"][index, :k].clone(),
+            next_observation_frames=b["next_observation_frames"][index, :k].clone(),
+            actions=b["actions"][index, :k].clone(),
+            returns=b["returns"][index, :k].clone(),
+            discounts=b["discounts"][index, :k].clone(),
+        )
+        priorities = b["priorities"][index, :k].clone()
+        self.pool.release([index])
+        return batch, priorities
+
+
+# ---------------------------------------------------------------- actors
+
+
+@dataclass
+class ReplayTopology:
+    """What an actor needs to know about the run's shape (picklable)."""
+
+    obs_shape: tuple[int, ...]
+    num_actions: int
+    frame_stack: Optional[int]  # None: observations are vectors, not frame stacks
+    epsilons: torch.Tensor  # [actors x envs_per_actor] the ladder over every env of the run
+
+
+def build_replay_actor(
+    parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
+    store: WeightStore, emit: Callable[[TransitionBatch, torch.Tensor], None], actor_id: int,
+    stats: ActorStats,
+) -> Actor:
+    """An actor whose env groups write n-step transitions, prioritised by ``model``."""
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+
+    def prioritise_and_emit(batch: TransitionBatch) -> None:
+        observations, next_observations = rebuild_observations(batch, topology.frame_stack)
+        priorities = parts.initial_priorities(model, observations, batch.actions,
+                                              batch.returns, batch.discounts, next_observations)
+        emit(batch, priorities.float())
+
+    groups = []
+    for g in range(dist.env_groups):
+        seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
+        env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
+        first = actor_id * dist.envs_per_actor + g * per_group
+        writer = NStepWriter(per_group, parts.n_step, parts.discount, topology.frame_stack)
+        sink = TransitionSink(writer, parts.actor_buffer, prioritise_and_emit,
+                              parts.transform_rewards)
+        policy = parts.make_policy(model, topology.epsilons[first:first + per_group])
+        groups.append(EnvGroup(env, sink, policy=policy))
+
+    version, calls = -1, 0  # -1: the first call loads the learner's weights
+    pull_every = parts.weight_sync_steps * dist.env_groups  # pull_weights runs once per group
+
+    def pull_weights() -> int:
+        nonlocal version, calls
+        if calls % pull_every == 0:
+            newer = store.pull_if_newer(model, version)
+            if newer is not None:
+                version = newer
+        calls += 1
+        return version
+
+    model.eval()
+    return Actor(groups, groups[0].policy, pull_weights, stats)
+
+
+def _replay_actor(
+    parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology,
+    slots: TransitionSlots, store: WeightStore, actor_id: int, stats: ActorStats,
+    should_stop: Callable[[], bool],
+) -> Actor:
+    """An actor process's actor: it sends its batches through ``slots``."""
+    model = parts.make_model(topology.obs_shape, topology.num_actions)
+
+    def emit(batch: TransitionBatch, priorities: torch.Tensor) -> None:
+        stats.sink_wait_s += slots.write(batch, priorities, should_stop)
+
+    return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats)
+
+
+# ---------------------------------------------------------------- learner side
+
+
+class Prefetcher:
+    """Draws the next batch in a thread while the learner trains on the current one.
+
+    The replay is only changed (inserts, priority write-backs) after :meth:`settle`, which
+    waits for the draw in flight; so draw ``t + 1`` always sees the replay as it was after
+    update ``t - 1``'s write-back, the same in every run, whatever the thread timing.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, batch_size: int, generator: torch.Generator):
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.generator = generator
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="distrl-replay-prefetch")
+        self._pending: Future | None = None
+        self.ready: SampleBatch | None = None  # a drawn batch not yet trained on
+
+    def _draw(self) -> SampleBatch:
+        return self.buffer.sample(self.batch_size, self.generator)
+
+    def next(self) -> tuple[SampleBatch, float]:
+        """The batch to train on now (and start drawing the following one)."""
+        start = time.perf_counter()
+        self.settle()
+        if self.ready is None:
+            self.ready = self._draw()
+        batch, self.ready = self.ready, None
+        waited = time.perf_counter() - start
+        self._pending = self._executor.submit(self._draw)
+        return batch, waited
+
+    def settle(self) -> None:
+        """Wait for the draw in flight; afterwards the replay may be changed."""
+        if self._pending is not None:
+            self.ready = self._pending.result()
+            self._pending = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.settle()
+        self._executor.shutdown(wait=True)
+
+
+def make_replay(parts: ReplayAgentParts, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
+                frame_stack: Optional[int], kernel: str) -> ReplayBuffer:
+    """The prioritized replay: frames stored once, priorities in the sum tree."""
+    r = parts.replay
+    frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
+    storage = TransitionStorage(r.capacity, frame_shape, obs_dtype, frame_stack)
+    sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
+                                 beta_final=r.beta_final, beta_steps=r.beta_steps,
+                                 epsilon=r.epsilon, kernel=kernel)
+    return ReplayBuffer(storage, sampler)
+
+
+def train_replay_agent(
+    parts: ReplayAgentParts,
+    settings: RunSettings,
+    should_stop: Callable[[int], bool] | None = None,
+) -> dict[str, Any]:
+    """Train until actors generated ``total_frames`` env frames (or a stop was asked).
+
+    Args:
+        parts: the agent's network, exploring policy, loss and priorities.
+        settings: topology, logging, checkpoints.
+        should_stop: optional ``updates -> bool`` polled after each update (stops like SIGINT).
+
+    Returns:
+        A summary: frames, updates, replay size, mean return of the last 20 episodes, run_dir.
+    """
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)
+    try:
+        kernel_line = ops.kernel_summary(settings.kernel, "cpu")
+    except ops.KernelError as error:
+        raise ConfigError(str(error)) from None
+    run_dir, resumed = make_run_dir(settings, parts.name)
+    seed_everything(settings.seed)
+    torch.set_num_threads(dist.learner_threads)
+
+    probe = make_envs(settings.env, 1, settings.seed)
+    obs_shape, num_actions = probe.observation_shape, probe.num_actions
+    obs_dtype = torch.from_numpy(np.zeros(0, dtype=probe.observation_dtype)).dtype
+    frames_per_step = probe.frames_per_step
+    probe.close()
+    frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
+    topology = ReplayTopology(obs_shape, num_actions, frame_stack,
+                              parts.exploration(max(dist.actors, 1) * dist.envs_per_actor))
+
+    model = parts.make_model(obs_shape, num_actions)
+    opt = parts.optimizer
+    optimizer = make_optimizer(
+        model.parameters(), opt.name, opt.lr, alpha=opt.alpha, eps=opt.eps,
+        momentum=opt.momentum, centered=opt.centered, beta1=opt.beta1, beta2=opt.beta2,
+    )
+    # A linear schedule decays over the updates the frame budget allows at the replay ratio.
+    planned_updates = math.ceil(settings.total_frames / frames_per_step
+                                * max(replay_ratio, 1.0) / parts.batch_size)
+    scheduler = make_lr_schedule(optimizer, opt.lr_schedule, planned_updates)
+    store = WeightStore(model, shared=dist.actors > 0)
+    loss = parts.make_loss(model)
+    learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, store)
+    replay = make_replay(parts, obs_shape, obs_dtype, frame_stack, settings.kernel)
+    generator = torch.Generator().manual_seed(settings.seed)
+    prefetcher = Prefetcher(replay, parts.batch_size, generator)
+    counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
+    local_writer_states: list[dict[str, Any]] | None = None
+    if resumed is not None:
+        _restore(resumed, learner, loss, replay, prefetcher, counters, opt.name)
+        local_writer_states = resumed.get("writers")
+        store.publish(model, learner.updates)
+
+    ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    slots: TransitionSlots | None = None
+    if dist.actors > 0:
+        producers = dist.actors * dist.env_groups
+        slots = TransitionSlots(
+            dist.slots or 2 * producers, per_group, parts.actor_buffer, parts.n_step,
+            obs_shape[1:] if frame_stack else obs_shape, obs_dtype, frame_stack or 1, ctx)
+
+    logger = MetricLogger(
+        str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
+        purge_step=counters["frames"] if resumed else None,
+    )
+    print(f"[distrl] run_dir={run_dir} learner_threads={dist.learner_threads} "
+          f"actor_threads={dist.actor_threads} env_threads={dist.env_threads} "
+          f"actors={dist.actors} envs_per_actor={dist.envs_per_actor} "
+          f"env_groups={dist.env_groups} replay_ratio="
+          f"{replay_ratio if replay_ratio else 'uncapped'}", flush=True)
+    print(f"[distrl] {kernel_line}", flush=True)
+    if not resumed:
+        logger.text("config", f"```\n{settings.config_text}\n```")
+
+    local_actor: Actor | None = None
+    local_sinks: list[TransitionSink] = []
+
+    def insert(batch: TransitionBatch, priorities: torch.Tensor) -> None:
+        prefetcher.settle()
+        replay.add(batch, priorities)
+        counters["frames"] += batch.size * frames_per_step
+        if len(replay) >= parts.replay.learning_starts and replay_ratio > 0:
+            counters["update_credit"] += replay_ratio * batch.size / parts.batch_size
+        logger.add("replay/inserted_per_batch", batch.size)
+
+    def save_checkpoint() -> Path:
+        state: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
+            "learner": learner.state_dict(), "loss": loss.state_dict(),
+            "counters": dict(counters), "rng": checkpoint.rng_state(),
+            "config": settings.config_text,
+        }
+        if settings.checkpoint.replay:
+            prefetcher.settle()
+            state["replay"] = replay.state_dict()
+            state["sample_generator"] = generator.get_state()
+            state["prefetched"] = prefetcher.ready
+            state["writers"] = [sink.writer.state_dict() for sink in local_sinks] or None
+        return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
+                               keep=settings.checkpoint.keep)
+
+    actors: ActorProcesses | None = None
+    local_stats = ActorStats()
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(logger.close)
+        cleanup.callback(prefetcher.close)
+        if dist.actors == 0:
+            policy_model = parts.make_model(obs_shape, num_actions)
+            local_actor = build_replay_actor(parts, settings, topology, policy_model, store,
+                                             insert, 0, local_stats)
+            cleanup.callback(local_actor.close)
+            local_sinks = [group.sink for group in local_actor.groups]
+            if local_writer_states:
+                for sink, state in zip(local_sinks, local_writer_states, strict=True):
+                    sink.writer.load_state_dict(state)
+        else:
+            build = functools.partial(_replay_actor, parts, settings, topology, slots, store)
+            actors = cleanup.enter_context(
+                ActorProcesses(ctx, dist.actors, build, dist.actor_threads, settings.seed))
+
+        def epsilon_range(actor_id: int) -> tuple[float, float]:
+            mine = topology.epsilons[actor_id * dist.envs_per_actor:
+                                     (actor_id + 1) * dist.envs_per_actor]
+            return float(mine.min()), float(mine.max())
+
+        def collect_stats() -> None:
+            drained = [(0, local_stats.drain())] if local_actor is not None else []
+            if actors is not None:
+                drained += actors.drain()
+            for actor_id, stats in drained:
+                for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
+                    logger.episode(ret, length, counters["frames"])
+                    logger.add(f"actor{actor_id}/episode_return", ret)
+                low, high = epsilon_range(actor_id)
+                logger.add(f"actor{actor_id}/epsilon_min", low)
+                logger.add(f"actor{actor_id}/epsilon_max", high)
+                logger.add("actor/frames", stats.frames)
+                logger.add("actor/env_wait_s", stats.env_wait_s)
+                logger.add("actor/policy_s", stats.policy_s)
+                logger.add("actor/send_wait_s", stats.sink_wait_s)
+
+        def receive(timeout: float) -> int:
+            """Insert every batch the actor processes sent; wait up to ``timeout`` for one."""
+            received = 0
+            while slots is not None:
+                item = slots.read(timeout if received == 0 else 0.0)
+                if item is None:
+                    break
+                insert(*item)
+                received += 1
+            return received
+
+        def can_update() -> bool:
+            if len(replay) < parts.replay.learning_starts or len(replay) == 0:
+                return False
+            return replay_ratio == 0 or counters["update_credit"] >= 1.0
+
+        def wait_for_data() -> float:
+            """Step the local actor or wait for actor batches until an update may run."""
+            start = time.perf_counter()
+            deadline = time.monotonic() + dist.start_timeout_s
+            while not can_update():
+                if local_actor is not None:
+                    local_actor.step()
+                    continue
+                if receive(timeout=1.0):
+                    deadline = time.monotonic() + dist.start_timeout_s
+                    continue
+                collect_stats()
+                actors.check_alive()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no transitions from the actors within "
+                                       f"distributed.start_timeout_s={dist.start_timeout_s}s")
+            return time.perf_counter() - start
+
+        run_start = time.monotonic() - counters["elapsed_s"]
+        last_checkpoint = time.monotonic()
+        report = (counters["frames"], learner.updates, replay.inserted, replay.sampled,
+                  time.monotonic())
+        replay_wait = learner_time = 0.0
+        with StopFlag() as signals:
+            while counters["frames"] < settings.total_frames:
+                loop_start = time.perf_counter()
+                if replay_ratio == 0:  # free running: take whatever arrived
+                    receive(timeout=0.0)
+                data_wait = wait_for_data()
+                batch, waited = prefetcher.next()
+                metrics, priorities = learner.step(batch)
+                prefetcher.settle()
+                replay.update_priorities(batch.indices, priorities)
+                if replay_ratio > 0:
+                    counters["update_credit"] -= 1.0
+                counters["elapsed_s"] = time.monotonic() - run_start
+                replay_wait += waited
+                learner_time += time.perf_counter() - loop_start - data_wait
+                logger.add_many(metrics)
+                logger.add("learner/replay_wait_s", waited)
+                logger.add("learner/data_wait_s", data_wait)
+                collect_stats()
+                stop_now = signals.requested or (should_stop is not None
+                                                 and should_stop(learner.updates))
+                if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
+                    now = time.monotonic()
+                    span = max(now - report[4], 1e-9)
+                    inserted, sampled = replay.inserted - report[2], replay.sampled - report[3]
+                    logger.report(counters["frames"], {
+                        "perf/fps": (counters["frames"] - report[0]) / span,
+                        "perf/updates_per_s": (learner.updates - report[1]) / span,
+                        "learner/updates": learner.updates,
+                        "replay/size": len(replay),
+                        "replay/insert_per_s": inserted / span,
+                        "replay/sample_per_s": sampled / span,
+                        "replay/ratio": sampled / max(inserted, 1),
+                        # p_i^alpha summed in the tree; |TD| + epsilon before the exponent
+                        "replay/priority_alpha_mean": replay.sampler.tree.total()
+                        / max(len(replay), 1),
+                        "replay/priority_max": replay.sampler.max_priority,
+                        "learner/replay_wait_fraction": replay_wait / max(learner_time, 1e-9),
+                        "episode/mean_return_20": logger.mean_recent_return(20),
+                    })
+                    report = (counters["frames"], learner.updates, replay.inserted,
+                              replay.sampled, now)
+                    replay_wait = learner_time = 0.0
+                if time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s:
+                    save_checkpoint()
+                    last_checkpoint = time.monotonic()
+                if stop_now:
+                    break
+        if resumed is not None and learner.updates == resumed["learner"]["updates"]:
+            final = checkpoint.resolve(settings.resume)  # nothing new: leave it untouched
+        else:
+            final = save_checkpoint()
+        print(f"[distrl] checkpoint {final}", flush=True)
+        return {
+            "frames": counters["frames"], "updates": learner.updates,
+            "replay_size": len(replay), "inserted": replay.inserted, "sampled": replay.sampled,
+            "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
+            "checkpoint": str(final), "returns": list(logger.recent_returns),
+        }
+
+
+def _restore(state: dict[str, Any], learner: Learner, loss: Any, replay: ReplayBuffer,
+             prefetcher: Prefetcher, counters: dict[str, Any], optimizer_name: str) -> None:
+    """Load a checkpoint into the learner, the loss's target network and, if saved, the replay."""
+    saved_optimizer = state.get("optimizer_name")
+    if saved_optimizer != optimizer_name:
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
+            f"not {optimizer_name!r}")
+    try:
+        learner.load_state_dict(state["learner"])
+        loss.load_state_dict(state["loss"])
+        if "replay" in state:
+            replay.load_state_dict(state["replay"])
+    except (RuntimeError, KeyError, ValueError) as error:
+        detail = next((line.strip() for line in str(error).splitlines()
+                       if "size mismatch" in line or "Missing" in line), str(error))
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint does not fit this run (agent.model and the replay settings "
+            f"must match the checkpoint's config): {detail}") from None
+    if "replay" in state:
+        prefetcher.generator.set_state(state["sample_generator"])
+        prefetcher.ready = state["prefetched"]
+    counters.update(state["counters"])
+    checkpoint.set_rng_state(state["rng"])
