@@ -25,6 +25,7 @@ from distrl.config import (
     ModelConfig,
     OptimizerConfig,
     check_choice,
+    check_count,
     check_non_negative,
     check_positive,
     check_unit_interval,
@@ -74,10 +75,9 @@ class ApexConfig:
         if self.name != "apex":
             raise ConfigError(f"agent.name must be 'apex' for ApexConfig, got {self.name!r}")
         for name in ("n_step", "batch_size", "replay_capacity", "target_update_interval",
-                     "actor_buffer", "weight_sync_steps", "huber_delta"):
-            check_positive(f"agent.{name}", getattr(self, name))
-        if isinstance(self.n_step, bool) or not isinstance(self.n_step, int):
-            raise ConfigError(f"agent.n_step must be an int >= 1, got {self.n_step!r}")
+                     "actor_buffer", "weight_sync_steps"):
+            check_count(f"agent.{name}", getattr(self, name))
+        check_positive("agent.huber_delta", self.huber_delta)
         check_non_negative("agent.learning_starts", self.learning_starts)
         check_non_negative("agent.priority_beta_steps", self.priority_beta_steps)
         check_non_negative("agent.priority_epsilon", self.priority_epsilon)

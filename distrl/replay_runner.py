@@ -516,19 +516,21 @@ def train_replay_agent(
                     now = time.monotonic()
                     span = max(now - report[4], 1e-9)
                     inserted, sampled = replay.inserted - report[2], replay.sampled - report[3]
+                    logger.add_many({
+                        "replay/insert_per_s": inserted / span,
+                        "replay/sample_per_s": sampled / span,
+                        # mean of (|TD| + epsilon)^alpha over the stored transitions
+                        "replay/priority_alpha_mean": replay.sampler.tree.total()
+                        / max(len(replay), 1),
+                        "replay/priority_max": replay.sampler.max_priority,
+                        "learner/replay_wait_fraction": replay_wait / max(learner_time, 1e-9),
+                    })
                     logger.report(counters["frames"], {
                         "perf/fps": (counters["frames"] - report[0]) / span,
                         "perf/updates_per_s": (learner.updates - report[1]) / span,
                         "learner/updates": learner.updates,
                         "replay/size": len(replay),
-                        "replay/insert_per_s": inserted / span,
-                        "replay/sample_per_s": sampled / span,
                         "replay/ratio": sampled / max(inserted, 1),
-                        # p_i^alpha summed in the tree; |TD| + epsilon before the exponent
-                        "replay/priority_alpha_mean": replay.sampler.tree.total()
-                        / max(len(replay), 1),
-                        "replay/priority_max": replay.sampler.max_priority,
-                        "learner/replay_wait_fraction": replay_wait / max(learner_time, 1e-9),
                         "episode/mean_return_20": logger.mean_recent_return(20),
                     })
                     report = (counters["frames"], learner.updates, replay.inserted,

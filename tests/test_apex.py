@@ -129,7 +129,7 @@ def test_dueling_head_is_value_plus_centred_advantage():
      r"agent.replay_capacity \(10000\) must be at least agent.learning_starts \(50000\)"),
     ({"priority_alpha": 1.2}, r"agent.priority_alpha must lie in \[0, 1\], got 1.2"),
     ({"priority_beta": -0.1}, r"agent.priority_beta must lie in \[0, 1\], got -0.1"),
-    ({"n_step": 0}, "agent.n_step must be a positive number, got 0"),
+    ({"n_step": 0}, "agent.n_step must be an int >= 1, got 0"),
     ({"n_step": 2.5}, "agent.n_step must be an int >= 1, got 2.5"),
     ({"reward_clipping": "tanh"}, "agent.reward_clipping must be one of"),
 ])

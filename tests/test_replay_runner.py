@@ -1,0 +1,183 @@
+"""The replay runner with Ape-X's parts: transport, prefetching, the replay-ratio limiter,
+resume with the replay, failing actors, and learning CartPole (slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import agents
+from agents import apex
+from distrl.checkpoint import load
+from distrl.config import register_configs
+from distrl.replay.buffer import ReplayBuffer
+from distrl.replay.samplers import PrioritizedSampler
+from distrl.replay.storage import TransitionStorage
+from distrl.replay.writers import NStepWriter
+from distrl.replay_runner import Prefetcher, TransitionSlots
+
+REPO = Path(__file__).resolve().parents[1]
+CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
+
+
+def preset(tmp_path, name: str, *overrides: str):
+    """``python run.py +experiment=apex_cartpole`` as a typed config, writing under tmp_path."""
+    register_configs()
+    agents.register_configs()
+    with initialize_config_dir(str(REPO / "experiments"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=apex_cartpole", *overrides])
+    cfg = OmegaConf.to_object(cfg)
+    cfg.log.dir, cfg.log.name, cfg.log.tensorboard = str(tmp_path), name, False
+    cfg.log.interval_s = 30.0
+    cfg.checkpoint.interval_s = 3600.0
+    return cfg
+
+
+def _batch(writer: NStepWriter, steps: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    writer.begin(torch.randint(0, 255, (writer.num_envs, 4, 3, 3), generator=gen,
+                               dtype=torch.uint8))
+    for _ in range(steps):
+        done = torch.rand(writer.num_envs, generator=gen) < 0.5
+        writer.add(torch.randint(0, 4, (writer.num_envs,), generator=gen),
+                   torch.randn(writer.num_envs, generator=gen),
+                   torch.randint(0, 255, (writer.num_envs, 4, 3, 3), generator=gen,
+                                 dtype=torch.uint8), done, torch.zeros_like(done))
+    return writer.flush()
+
+
+def test_slots_carry_the_largest_batch_an_env_group_can_flush():
+    # Episodes end at half of all steps, so many first observations store whole stacks.
+    writer = NStepWriter(num_envs=3, n=3, discount=0.9, frame_stack=4)
+    batch = _batch(writer, steps=10, seed=0)
+    slots = TransitionSlots(2, num_envs=3, flush_steps=10, n_step=3, frame_shape=(3, 3),
+                            frame_dtype=torch.uint8, stack=4)
+    priorities = torch.rand(batch.size)
+    slots.write(batch, priorities, should_stop=lambda: False)
+    got, got_priorities = slots.read(timeout=1.0)
+    for field in ("frames", "observation_frames", "next_observation_frames", "actions",
+                  "returns", "discounts"):
+        assert torch.equal(getattr(got, field), getattr(batch, field)), field
+    assert torch.equal(got_priorities, priorities)
+    assert slots.read(timeout=0.0) is None
+    assert slots.pool.free.qsize() == 2  # the slot went back
+
+
+def test_slot_overflow_is_an_error_not_a_truncated_batch():
+    writer = NStepWriter(num_envs=3, n=3, discount=0.9, frame_stack=4)
+    batch = _batch(writer, steps=10, seed=1)
+    slots = TransitionSlots(1, num_envs=1, flush_steps=2, n_step=3, frame_shape=(3, 3),
+                            frame_dtype=torch.uint8, stack=4)
+    with pytest.raises(RuntimeError, match="exceeds the slot size"):
+        slots.write(batch, torch.rand(batch.size), should_stop=lambda: False)
+
+
+def test_prefetched_draws_do_not_depend_on_thread_timing():
+    """Draw t+1 sees the replay after write-back t-1, however slow the thread is."""
+
+    def run(delay: float) -> list[torch.Tensor]:
+        writer = NStepWriter(num_envs=2, n=2, discount=0.9, frame_stack=4)
+        buffer = ReplayBuffer(TransitionStorage(500, (3, 3), torch.uint8, 4),
+                              PrioritizedSampler(500))
+        batch = _batch(writer, steps=40, seed=2)
+        buffer.add(batch, torch.ones(batch.size))
+        prefetcher = Prefetcher(buffer, 16, torch.Generator().manual_seed(0))
+        draw = prefetcher._draw
+        prefetcher._draw = lambda: (time.sleep(delay), draw())[1]
+        drawn = []
+        for step in range(5):
+            sample, _ = prefetcher.next()
+            drawn.append(sample.indices)
+            prefetcher.settle()
+            buffer.update_priorities(sample.indices, torch.full((16,), 10.0 * (step + 1)))
+        prefetcher.close()
+        return drawn
+
+    fast, slow = run(0.0), run(0.05)
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
+
+
+def test_one_process_holds_the_replay_ratio(tmp_path):
+    cfg = preset(tmp_path, "ratio", "total_frames=6000", "agent.replay_ratio=2.0")
+    result = apex.run(cfg)
+    # Credit accrues from the batch that reaches learning_starts; an update spends one
+    # batch; the last insert's credit may be left over. One more batch is drawn than
+    # trained on: the prefetched one.
+    trained = result["updates"] * 64
+    assert result["sampled"] == trained + 64
+    assert trained <= 2.0 * result["inserted"]
+    assert trained >= 2.0 * (result["inserted"] - 1000 - 8 * 16) - 64
+
+
+def test_resume_with_the_replay_continues_bit_exactly(tmp_path):
+    """Stop after 4 updates with checkpoint.replay=true and resume to 9 == 9 updates in one
+    go. The first actor batch's credit covers updates 1..12, so no env step happens in
+    between and the learner's inputs come only from the checkpoint (model, optimizer,
+    target network, replay, sampling generator, the batch already drawn)."""
+    common = ("agent.learning_starts=100", "agent.actor_buffer=50", "agent.replay_ratio=4.0",
+              "distributed.envs_per_actor=4", "total_frames=1000000",
+              "checkpoint.replay=true")
+    full = apex.run(preset(tmp_path, "full", *common), should_stop=lambda u: u >= 9)
+    part = apex.run(preset(tmp_path, "part", *common), should_stop=lambda u: u >= 4)
+    saved = load(part["checkpoint"])
+    assert saved["replay"]["inserted"] == part["inserted"] > 100
+    assert saved["prefetched"] is not None
+    resumed_cfg = preset(tmp_path, "part", *common)
+    resumed_cfg.resume = part["checkpoint"]
+    resumed = apex.run(resumed_cfg, should_stop=lambda u: u >= 9)
+    assert resumed["updates"] == full["updates"] == 9
+    assert resumed["inserted"] == full["inserted"]  # no actor batch after the checkpoint
+    a, b = load(full["checkpoint"]), load(resumed["checkpoint"])
+    for name, value in a["learner"]["model"].items():
+        assert torch.equal(value, b["learner"]["model"][name]), name
+    assert torch.equal(a["replay"]["sampler"]["tree"]["tree"],
+                       b["replay"]["sampler"]["tree"]["tree"])
+    assert torch.equal(a["prefetched"].indices, b["prefetched"].indices)
+
+
+def test_checkpoint_without_replay_leaves_it_out(tmp_path):
+    result = apex.run(preset(tmp_path, "noreplay", "total_frames=2000"))
+    assert "replay" not in load(result["checkpoint"])
+
+
+@pytest.mark.dist
+def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path):
+    cfg = preset(tmp_path, "crash", "distributed.actors=2", "distributed.envs_per_actor=2",
+                 "env.id=DistrlCrashAfter-v0", "env.imports=[crashing_env]")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="actor [01] failed:(.|\n)*crashed on purpose"):
+        apex.run(cfg)
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+def test_learns_cartpole_in_one_process(tmp_path):
+    result = apex.run(preset(tmp_path, "serial"))
+    assert result["frames"] >= CARTPOLE_FRAMES
+    assert result["mean_return_20"] >= 450, result["returns"][-20:]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_learns_cartpole_with_two_actor_processes(tmp_path):
+    result = apex.run(preset(tmp_path, "actors", "distributed.actors=2",
+                             "distributed.envs_per_actor=4"))
+    assert result["frames"] >= CARTPOLE_FRAMES
+    assert result["mean_return_20"] >= 450, result["returns"][-20:]
+    assert result["sampled"] == pytest.approx(4.0 * result["inserted"], rel=0.05)
+
+
+def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
+    cfg = preset(tmp_path, "x")
+    assert isinstance(cfg.agent, apex.ApexConfig)
+    defaults = dataclasses.asdict(apex.ApexConfig())
+    changed = {k for k, v in dataclasses.asdict(cfg.agent).items() if v != defaults[k]}
+    assert changed == {"batch_size", "replay_capacity", "learning_starts",
+                       "target_update_interval", "actor_buffer", "weight_sync_steps",
+                       "replay_ratio", "epsilon_base", "optimizer"}
