@@ -234,8 +234,9 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
     )
 
 
-def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
-    """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig."""
+def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
+    """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig;
+    ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
     from distrl.replay_runner import train_replay_agent
     from distrl.runner import RunSettings
 
@@ -244,4 +245,5 @@ def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
         seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
         config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)), kernel=cfg.kernel,
     )
-    return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)
+    return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
+                              progress=progress)

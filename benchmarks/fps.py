@@ -13,6 +13,7 @@ same machine) and prints the ratio.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import platform
 import statistics
@@ -42,22 +43,39 @@ def load_config(overrides: list[str]):
     return OmegaConf.to_object(cfg)
 
 
-def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float]:
-    """Train ``warmup_updates + updates`` updates; frames/s and updates/s over the timed part."""
+def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float, float | None]:
+    """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
+    timed part and, for replay agents, the fraction of learner time spent waiting on the
+    replay (the prefetched sample) over the whole run."""
     stamps: dict[int, float] = {}
+    frames_at: dict[int, int] = {}
 
     def should_stop(done: int) -> bool:
         stamps[done] = time.perf_counter()
         return done >= warmup_updates + updates
 
+    def progress(done: int, frames: int) -> None:
+        frames_at[done] = frames
+
+    run = agents.get(cfg.agent.name).run
+    replay_agent = "progress" in inspect.signature(run).parameters
     with tempfile.TemporaryDirectory() as tmp:
         cfg.log.dir, cfg.log.name, cfg.log.tensorboard = tmp, "bench", False
         cfg.checkpoint.interval_s = 1e9
         cfg.total_frames = 10**12
-        result = agents.get(cfg.agent.name).run(cfg, should_stop=should_stop)
-    span = stamps[warmup_updates + updates] - stamps[warmup_updates]
-    frames_per_update = result["frames"] / result["updates"]
-    return updates * frames_per_update / span, updates / span
+        if replay_agent:  # actors run freely: count the frames they made in the window
+            result = run(cfg, should_stop=should_stop, progress=progress)
+        else:
+            result = run(cfg, should_stop=should_stop)
+    end = warmup_updates + updates
+    span = stamps[end] - stamps[warmup_updates]
+    if replay_agent:
+        frames = frames_at[end] - frames_at[warmup_updates]
+        wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
+    else:  # an update consumes a fixed number of frames
+        frames = updates * result["frames"] / result["updates"]
+        wait = None
+    return frames / span, updates / span, wait
 
 
 def ale_random_fps(
@@ -95,17 +113,22 @@ def main() -> None:
     print(f"config: agent={cfg.agent.name} env={cfg.env.id} actors={dist.actors} "
           f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups} "
           f"env_threads={dist.env_threads} learner_threads={dist.learner_threads} "
-          f"actor_threads={dist.actor_threads} unroll={cfg.agent.unroll_length} "
-          f"batch={cfg.agent.batch_size}")
-    fps, ups = [], []
+          f"actor_threads={dist.actor_threads} batch={cfg.agent.batch_size} "
+          + (f"unroll={cfg.agent.unroll_length}" if hasattr(cfg.agent, "unroll_length") else
+             f"replay_ratio={cfg.agent.replay_ratio} learning_starts={cfg.agent.learning_starts}"))
+    fps, ups, waits = [], [], []
     for repeat in range(args.repeats):
-        f, u = time_training(load_config(overrides), args.warmup_updates, args.updates)
+        f, u, w = time_training(load_config(overrides), args.warmup_updates, args.updates)
         fps.append(f)
         ups.append(u)
-        print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s", flush=True)
+        waits.append(w)
+        shown = "" if w is None else f", {100 * w:.3f}% of learner time waiting on replay"
+        print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s{shown}", flush=True)
     median_fps = statistics.median(fps)
+    shown = "" if waits[0] is None else (
+        f", {100 * statistics.median(waits):.3f}% of learner time waiting on replay")
     print(f"{cfg.agent.name} median: {median_fps:,.0f} env frames/s, "
-          f"{statistics.median(ups):.3f} learner updates/s over {args.repeats} repeats")
+          f"{statistics.median(ups):.3f} learner updates/s{shown} over {args.repeats} repeats")
     if is_atari(cfg.env.id):
         envs = max(dist.actors, 1) * dist.envs_per_actor
         ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1,

@@ -310,6 +310,7 @@ def train_replay_agent(
     parts: ReplayAgentParts,
     settings: RunSettings,
     should_stop: Callable[[int], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Train until actors generated ``total_frames`` env frames (or a stop was asked).
 
@@ -317,9 +318,12 @@ def train_replay_agent(
         parts: the agent's network, exploring policy, loss and priorities.
         settings: topology, logging, checkpoints.
         should_stop: optional ``updates -> bool`` polled after each update (stops like SIGINT).
+        progress: optional ``(updates, frames) -> None`` called after each update
+            (benchmarks time the learner with it).
 
     Returns:
-        A summary: frames, updates, replay size, mean return of the last 20 episodes, run_dir.
+        A summary: frames, updates, replay size and counters, mean return of the last 20
+        episodes, seconds the learner spent in its loop and waiting on replay, run_dir.
     """
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
@@ -468,11 +472,15 @@ def train_replay_agent(
                 return False
             return replay_ratio == 0 or counters["update_credit"] >= 1.0
 
-        def wait_for_data() -> float:
-            """Step the local actor or wait for actor batches until an update may run."""
+        def wait_for_data(stop_requested: Callable[[], bool]) -> float | None:
+            """Step the local actor or wait for actor batches until an update may run.
+            Returns the seconds waited, or None when the run should end first (a stop
+            was asked, or the frame budget ran out before learning could start)."""
             start = time.perf_counter()
             deadline = time.monotonic() + dist.start_timeout_s
             while not can_update():
+                if stop_requested() or counters["frames"] >= settings.total_frames:
+                    return None
                 if local_actor is not None:
                     local_actor.step()
                     continue
@@ -491,12 +499,15 @@ def train_replay_agent(
         report = (counters["frames"], learner.updates, replay.inserted, replay.sampled,
                   time.monotonic())
         replay_wait = learner_time = 0.0
+        total_replay_wait = total_learner_time = 0.0
         with StopFlag() as signals:
             while counters["frames"] < settings.total_frames:
                 loop_start = time.perf_counter()
                 if replay_ratio == 0:  # free running: take whatever arrived
                     receive(timeout=0.0)
-                data_wait = wait_for_data()
+                data_wait = wait_for_data(lambda: signals.requested)
+                if data_wait is None:
+                    break
                 batch, waited = prefetcher.next()
                 metrics, priorities = learner.step(batch)
                 prefetcher.settle()
@@ -504,8 +515,13 @@ def train_replay_agent(
                 if replay_ratio > 0:
                     counters["update_credit"] -= 1.0
                 counters["elapsed_s"] = time.monotonic() - run_start
+                busy = time.perf_counter() - loop_start - data_wait
                 replay_wait += waited
-                learner_time += time.perf_counter() - loop_start - data_wait
+                learner_time += busy
+                total_replay_wait += waited
+                total_learner_time += busy
+                if progress is not None:
+                    progress(learner.updates, counters["frames"])
                 logger.add_many(metrics)
                 logger.add("learner/replay_wait_s", waited)
                 logger.add("learner/data_wait_s", data_wait)
@@ -551,6 +567,7 @@ def train_replay_agent(
             "replay_size": len(replay), "inserted": replay.inserted, "sampled": replay.sampled,
             "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
+            "learner_s": total_learner_time, "replay_wait_s": total_replay_wait,
         }
 
 

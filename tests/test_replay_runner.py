@@ -181,3 +181,9 @@ def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
     assert changed == {"batch_size", "replay_capacity", "learning_starts",
                        "target_update_interval", "actor_buffer", "weight_sync_steps",
                        "replay_ratio", "epsilon_base", "optimizer"}
+
+
+def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
+    result = apex.run(preset(tmp_path, "short", "total_frames=500", "checkpoint.replay=true"))
+    assert result["updates"] == 0 and 500 <= result["frames"] < 1000
+    assert load(result["checkpoint"])["replay"]["inserted"] == result["inserted"]
