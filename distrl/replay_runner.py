@@ -30,16 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl import checkpoint, ops
+from distrl import checkpoint
 from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, TransitionSink
-from distrl.config import ConfigError, OptimizerConfig
+from distrl.config import OptimizerConfig
 from distrl.envs import is_atari, make_envs
-from distrl.learner import Learner, make_lr_schedule, make_optimizer
+from distrl.learner import Learner, make_lr_schedule
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
 from distrl.replay.buffer import ReplayBuffer
@@ -50,8 +49,14 @@ from distrl.runner import (
     ActorProcesses,
     RunSettings,
     StopFlag,
+    check_kernel,
     env_seed,
+    final_checkpoint,
+    log_actor_stats,
     make_run_dir,
+    optimizer_for,
+    probe_env,
+    restore_learner,
     seed_everything,
 )
 from distrl.types import SampleBatch, TransitionBatch
@@ -328,29 +333,21 @@ def train_replay_agent(
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
     replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)
-    try:
-        kernel_line = ops.kernel_summary(settings.kernel, "cpu")
-    except ops.KernelError as error:
-        raise ConfigError(str(error)) from None
+    kernel_line = check_kernel(settings)
     run_dir, resumed = make_run_dir(settings, parts.name)
     seed_everything(settings.seed)
     torch.set_num_threads(dist.learner_threads)
 
-    probe = make_envs(settings.env, 1, settings.seed)
-    obs_shape, num_actions = probe.observation_shape, probe.num_actions
-    obs_dtype = torch.from_numpy(np.zeros(0, dtype=probe.observation_dtype)).dtype
-    frames_per_step = probe.frames_per_step
-    probe.close()
+    env = probe_env(settings)
+    obs_shape, obs_dtype, num_actions = env.obs_shape, env.obs_dtype, env.num_actions
+    frames_per_step = env.frames_per_step
     frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
     topology = ReplayTopology(obs_shape, num_actions, frame_stack,
                               parts.exploration(max(dist.actors, 1) * dist.envs_per_actor))
 
     model = parts.make_model(obs_shape, num_actions)
     opt = parts.optimizer
-    optimizer = make_optimizer(
-        model.parameters(), opt.name, opt.lr, alpha=opt.alpha, eps=opt.eps,
-        momentum=opt.momentum, centered=opt.centered, beta1=opt.beta1, beta2=opt.beta2,
-    )
+    optimizer = optimizer_for(model, opt)
     # A linear schedule decays over the updates the frame budget allows at the replay ratio.
     planned_updates = math.ceil(settings.total_frames / frames_per_step
                                 * max(replay_ratio, 1.0) / parts.batch_size)
@@ -364,8 +361,14 @@ def train_replay_agent(
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:
-        _restore(resumed, learner, loss, replay, prefetcher, counters, opt.name)
-        local_writer_states = resumed.get("writers")
+        restore_learner(learner, resumed, opt.name, (loss, "loss"),
+                        *([(replay, "replay")] if "replay" in resumed else []))
+        if "replay" in resumed:
+            generator.set_state(resumed["sample_generator"])
+            prefetcher.ready = resumed["prefetched"]
+            local_writer_states = resumed["writers"]
+        counters.update(resumed["counters"])
+        checkpoint.set_rng_state(resumed["rng"])
         store.publish(model, learner.updates)
 
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
@@ -445,16 +448,12 @@ def train_replay_agent(
             if actors is not None:
                 drained += actors.drain()
             for actor_id, stats in drained:
-                for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
-                    logger.episode(ret, length, counters["frames"])
+                for ret in stats.episode_returns:
                     logger.add(f"actor{actor_id}/episode_return", ret)
                 low, high = epsilon_range(actor_id)
                 logger.add(f"actor{actor_id}/epsilon_min", low)
                 logger.add(f"actor{actor_id}/epsilon_max", high)
-                logger.add("actor/frames", stats.frames)
-                logger.add("actor/env_wait_s", stats.env_wait_s)
-                logger.add("actor/policy_s", stats.policy_s)
-                logger.add("actor/send_wait_s", stats.sink_wait_s)
+                log_actor_stats(logger, stats, counters["frames"])
 
         def receive(timeout: float) -> int:
             """Insert every batch the actor processes sent; wait up to ``timeout`` for one."""
@@ -557,11 +556,7 @@ def train_replay_agent(
                     last_checkpoint = time.monotonic()
                 if stop_now:
                     break
-        if resumed is not None and learner.updates == resumed["learner"]["updates"]:
-            final = checkpoint.resolve(settings.resume)  # nothing new: leave it untouched
-        else:
-            final = save_checkpoint()
-        print(f"[distrl] checkpoint {final}", flush=True)
+        final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
         return {
             "frames": counters["frames"], "updates": learner.updates,
             "replay_size": len(replay), "inserted": replay.inserted, "sampled": replay.sampled,
@@ -569,29 +564,3 @@ def train_replay_agent(
             "checkpoint": str(final), "returns": list(logger.recent_returns),
             "learner_s": total_learner_time, "replay_wait_s": total_replay_wait,
         }
-
-
-def _restore(state: dict[str, Any], learner: Learner, loss: Any, replay: ReplayBuffer,
-             prefetcher: Prefetcher, counters: dict[str, Any], optimizer_name: str) -> None:
-    """Load a checkpoint into the learner, the loss's target network and, if saved, the replay."""
-    saved_optimizer = state.get("optimizer_name")
-    if saved_optimizer != optimizer_name:
-        raise checkpoint.CheckpointError(
-            f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
-            f"not {optimizer_name!r}")
-    try:
-        learner.load_state_dict(state["learner"])
-        loss.load_state_dict(state["loss"])
-        if "replay" in state:
-            replay.load_state_dict(state["replay"])
-    except (RuntimeError, KeyError, ValueError) as error:
-        detail = next((line.strip() for line in str(error).splitlines()
-                       if "size mismatch" in line or "Missing" in line), str(error))
-        raise checkpoint.CheckpointError(
-            f"resume: checkpoint does not fit this run (agent.model and the replay settings "
-            f"must match the checkpoint's config): {detail}") from None
-    if "replay" in state:
-        prefetcher.generator.set_state(state["sample_generator"])
-        prefetcher.ready = state["prefetched"]
-    counters.update(state["counters"])
-    checkpoint.set_rng_state(state["rng"])

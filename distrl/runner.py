@@ -117,15 +117,96 @@ def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str
     return run_dir, None
 
 
+@dataclass
+class EnvProbe:
+    """What the learner needs to know about the env before building anything."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: torch.dtype
+    num_actions: int
+    frames_per_step: int
+
+
+def probe_env(settings: RunSettings) -> EnvProbe:
+    """Open one env to read its observation shape and dtype, actions and frame skip."""
+    probe = make_envs(settings.env, 1, settings.seed)
+    try:
+        dtype = torch.from_numpy(np.zeros(0, dtype=probe.observation_dtype)).dtype
+        return EnvProbe(probe.observation_shape, dtype, probe.num_actions,
+                        probe.frames_per_step)
+    finally:
+        probe.close()
+
+
+def check_kernel(settings: RunSettings) -> str:
+    """The log line of the ops path; ``kernel=compiled`` without distrl._C is refused here,
+    before anything is written."""
+    try:
+        return ops.kernel_summary(settings.kernel, "cpu")
+    except ops.KernelError as error:
+        raise ConfigError(str(error)) from None
+
+
+def optimizer_for(model: nn.Module, opt: OptimizerConfig) -> torch.optim.Optimizer:
+    """The optimizer ``agent.optimizer`` describes, over ``model``'s parameters."""
+    return make_optimizer(
+        model.parameters(), opt.name, opt.lr, alpha=opt.alpha, eps=opt.eps,
+        momentum=opt.momentum, centered=opt.centered, beta1=opt.beta1, beta2=opt.beta2,
+    )
+
+
+def restore_learner(learner: Learner, state: dict[str, Any], optimizer_name: str,
+                    *extra: tuple[Any, str]) -> None:
+    """Load a checkpoint's learner (and each ``(object, key)`` of ``extra``), turning a
+    mismatch into a :class:`CheckpointError` that names the setting to fix."""
+    saved_optimizer = state.get("optimizer_name")
+    if saved_optimizer != optimizer_name:
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
+            f"not {optimizer_name!r}"
+        )
+    try:
+        learner.load_state_dict(state["learner"])
+        for target, key in extra:
+            target.load_state_dict(state[key])
+    except (RuntimeError, KeyError, ValueError) as error:
+        detail = next((line.strip() for line in str(error).splitlines()
+                       if "size mismatch" in line or "Missing" in line), str(error))
+        raise checkpoint.CheckpointError(
+            "resume: checkpoint does not fit this run (agent.model and the replay settings "
+            f"must match the checkpoint's config): {detail}"
+        ) from None
+
+
+def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> None:
+    """Write an actor's finished episodes at ``frames`` and accumulate its timings."""
+    for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
+        logger.episode(ret, length, frames)
+    logger.add("actor/frames", stats.frames)
+    logger.add("actor/env_wait_s", stats.env_wait_s)
+    logger.add("actor/policy_s", stats.policy_s)
+    logger.add("actor/slot_wait_s", stats.sink_wait_s)  # waiting for a free slot
+
+
+def final_checkpoint(settings: RunSettings, resumed: dict[str, Any] | None, updates: int,
+                     save: Callable[[], Path]) -> Path:
+    """Write the last checkpoint, unless a resumed run did no update (then leave it as is)."""
+    if resumed is not None and updates == resumed["learner"]["updates"]:
+        final = checkpoint.resolve(settings.resume)
+    else:
+        final = save()
+    print(f"[distrl] checkpoint {final}", flush=True)
+    return final
+
+
 def unroll_specs(
-    parts: UnrollAgentParts, model: nn.Module, obs_shape: tuple[int, ...], obs_dtype: Any,
+    parts: UnrollAgentParts, model: nn.Module, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
     num_actions: int, columns: int,
 ) -> dict[str, FieldSpec]:
     """Slot layout of one env group's unroll: ``[T(+1), columns, ...]`` per field."""
     t = parts.unroll_length
     specs = {
-        "observations": FieldSpec((t + 1, columns, *obs_shape), torch.from_numpy(
-            np.zeros(0, dtype=obs_dtype)).dtype),
+        "observations": FieldSpec((t + 1, columns, *obs_shape), obs_dtype),
         "actions": FieldSpec((t, columns), torch.int64),
         "rewards": FieldSpec((t, columns), torch.float32),
         "dones": FieldSpec((t, columns), torch.bool),
@@ -324,47 +405,24 @@ def train_unroll_agent(
             f"agent.batch_size ({parts.batch_size}) must be a multiple of the envs per group, "
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
-    try:  # before anything is written: kernel=compiled without distrl._C is refused here
-        kernel_line = ops.kernel_summary(settings.kernel, "cpu")
-    except ops.KernelError as error:
-        raise ConfigError(str(error)) from None
+    kernel_line = check_kernel(settings)
     run_dir, resumed = make_run_dir(settings, parts.name)
     seed_everything(settings.seed)
     torch.set_num_threads(dist.learner_threads)
 
-    probe = make_envs(settings.env, 1, settings.seed)
-    obs_shape, obs_dtype = probe.observation_shape, probe.observation_dtype
-    num_actions, frames_per_step = probe.num_actions, probe.frames_per_step
-    probe.close()
-
+    env = probe_env(settings)
+    obs_shape, num_actions = env.obs_shape, env.num_actions
     model = parts.make_model(obs_shape, num_actions)
-    frames_per_update = parts.unroll_length * parts.batch_size * frames_per_step
+    frames_per_update = parts.unroll_length * parts.batch_size * env.frames_per_step
     total_updates = math.ceil(settings.total_frames / frames_per_update)
     opt = parts.optimizer
-    optimizer = make_optimizer(
-        model.parameters(), opt.name, opt.lr, alpha=opt.alpha, eps=opt.eps,
-        momentum=opt.momentum, centered=opt.centered, beta1=opt.beta1, beta2=opt.beta2,
-    )
+    optimizer = optimizer_for(model, opt)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, total_updates)
     store = WeightStore(model, shared=dist.actors > 0)
     learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm, store)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
-        saved_optimizer = resumed.get("optimizer_name")
-        if saved_optimizer != opt.name:
-            raise checkpoint.CheckpointError(
-                f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
-                f"not {opt.name!r}"
-            )
-        try:
-            learner.load_state_dict(resumed["learner"])
-        except (RuntimeError, KeyError, ValueError) as error:
-            detail = next((line.strip() for line in str(error).splitlines()
-                           if "size mismatch" in line or "Missing" in line), str(error))
-            raise checkpoint.CheckpointError(
-                "resume: checkpoint does not fit this model (agent.model must match the "
-                f"checkpoint's config): {detail}"
-            ) from None
+        restore_learner(learner, resumed, opt.name)
         counters.update(resumed["counters"])
         checkpoint.set_rng_state(resumed["rng"])
         store.publish(model, learner.updates)
@@ -378,7 +436,7 @@ def train_unroll_agent(
             f"plus one per env group ({producers})"
         )
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
-    specs = unroll_specs(parts, model, obs_shape, obs_dtype, num_actions, per_group)
+    specs = unroll_specs(parts, model, obs_shape, env.obs_dtype, num_actions, per_group)
     pool = SlotPool(specs, num_slots, mp_context=ctx)
 
     logger = MetricLogger(
@@ -424,12 +482,7 @@ def train_unroll_agent(
             if actors is not None:
                 drained += [stats for _, stats in actors.drain()]
             for stats in drained:
-                for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
-                    logger.episode(ret, length, counters["frames"])
-                logger.add("actor/frames", stats.frames)
-                logger.add("actor/env_wait_s", stats.env_wait_s)
-                logger.add("actor/policy_s", stats.policy_s)
-                logger.add("actor/slot_wait_s", stats.sink_wait_s)
+                log_actor_stats(logger, stats, counters["frames"])
 
         def next_batch() -> tuple[list[int], float]:
             if local_actor is not None:
@@ -492,11 +545,7 @@ def train_unroll_agent(
                     last_checkpoint = time.monotonic()
                 if stop_now:
                     break
-        if resumed is not None and learner.updates == resumed["learner"]["updates"]:
-            final = checkpoint.resolve(settings.resume)  # nothing new: leave it untouched
-        else:
-            final = save_checkpoint()
-        print(f"[distrl] checkpoint {final}", flush=True)
+        final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
         return {
             "frames": counters["frames"], "updates": learner.updates,
             "lr": optimizer.param_groups[0]["lr"],
