@@ -84,6 +84,20 @@ class ActorStats:
         return out
 
 
+def acquire_slot(pool: SlotPool, should_stop: Callable[[], bool], stats: ActorStats) -> int:
+    """A free slot of ``pool``, the wait counted in ``stats.sink_wait_s``; raises
+    :class:`ActorStopped` if the run asks the actor to stop while every slot is taken."""
+    while True:
+        try:
+            index, waited = pool.acquire(timeout=0.5)
+            stats.sink_wait_s += waited
+            return index
+        except queue.Empty:
+            stats.sink_wait_s += 0.5
+            if should_stop():
+                raise ActorStopped from None
+
+
 class UnrollSink:
     """Writes T-step unrolls of one env group into slots of a :class:`SlotPool`.
 
@@ -109,15 +123,7 @@ class UnrollSink:
         self.t = 0
 
     def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
-        while True:
-            try:
-                self.index, waited = self.pool.acquire(timeout=0.5)
-                self.stats.sink_wait_s += waited
-                break
-            except queue.Empty:
-                self.stats.sink_wait_s += 0.5
-                if self.should_stop():
-                    raise ActorStopped from None
+        self.index = acquire_slot(self.pool, self.should_stop, self.stats)
         self.t = 0
         self.buffers["observations"][self.index, 0].copy_(observations)
         for i, state in enumerate(core_state):

@@ -35,7 +35,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from distrl import checkpoint
-from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, TransitionSink
+from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
 from distrl.config import OptimizerConfig
 from distrl.envs import is_atari, make_envs
 from distrl.learner import Learner, make_lr_schedule
@@ -137,22 +137,14 @@ class TransitionSlots:
         self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
 
     def write(self, batch: TransitionBatch, priorities: torch.Tensor,
-              should_stop: Callable[[], bool]) -> float:
-        """Actor side: copy a batch into a free slot and hand it over; returns seconds waited."""
+              should_stop: Callable[[], bool], stats: ActorStats) -> None:
+        """Actor side: copy a batch into a free slot and hand it over (the wait for a free
+        slot is counted in ``stats``)."""
         k, m = batch.size, batch.frames.shape[0]
         if k > self.max_transitions or m > self.max_frames:
             raise RuntimeError(f"an actor batch of {k} transitions / {m} frames exceeds the "
                                f"slot size {self.max_transitions} / {self.max_frames}")
-        waited = 0.0
-        while True:
-            try:
-                index, w = self.pool.acquire(timeout=0.5)
-                waited += w
-                break
-            except queue.Empty:
-                waited += 0.5
-                if should_stop():
-                    raise ActorStopped from None
+        index = acquire_slot(self.pool, should_stop, stats)
         b = self.pool.buffers
         b["frames"][index, :m].copy_(batch.frames)
         for name in ("observation_frames", "next_observation_frames", "actions", "returns",
@@ -161,7 +153,6 @@ class TransitionSlots:
         b["priorities"][index, :k].copy_(priorities)
         b["sizes"][index].copy_(torch.tensor([k, m]))
         self.pool.commit(index)
-        return waited
 
     def read(self, timeout: float) -> tuple[TransitionBatch, torch.Tensor] | None:
         """Learner side: the next full slot's batch and priorities (copied), or None."""
@@ -249,7 +240,7 @@ def _replay_actor(
     model = parts.make_model(topology.obs_shape, topology.num_actions)
 
     def emit(batch: TransitionBatch, priorities: torch.Tensor) -> None:
-        stats.sink_wait_s += slots.write(batch, priorities, should_stop)
+        slots.write(batch, priorities, should_stop, stats)
 
     return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats)
 
@@ -299,12 +290,11 @@ class Prefetcher:
         self._executor.shutdown(wait=True)
 
 
-def make_replay(parts: ReplayAgentParts, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
+def make_replay(parts: ReplayAgentParts, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
                 frame_stack: Optional[int], kernel: str) -> ReplayBuffer:
     """The prioritized replay: frames stored once, priorities in the sum tree."""
     r = parts.replay
-    frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
-    storage = TransitionStorage(r.capacity, frame_shape, obs_dtype, frame_stack)
+    storage = TransitionStorage(r.capacity, frame_shape, frame_dtype, frame_stack)
     sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
                                  beta_final=r.beta_final, beta_steps=r.beta_steps,
                                  epsilon=r.epsilon, kernel=kernel)
@@ -342,6 +332,7 @@ def train_replay_agent(
     obs_shape, obs_dtype, num_actions = env.obs_shape, env.obs_dtype, env.num_actions
     frames_per_step = env.frames_per_step
     frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
+    frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
     topology = ReplayTopology(obs_shape, num_actions, frame_stack,
                               parts.exploration(max(dist.actors, 1) * dist.envs_per_actor))
 
@@ -355,7 +346,7 @@ def train_replay_agent(
     store = WeightStore(model, shared=dist.actors > 0)
     loss = parts.make_loss(model)
     learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, store)
-    replay = make_replay(parts, obs_shape, obs_dtype, frame_stack, settings.kernel)
+    replay = make_replay(parts, frame_shape, obs_dtype, frame_stack, settings.kernel)
     generator = torch.Generator().manual_seed(settings.seed)
     prefetcher = Prefetcher(replay, parts.batch_size, generator)
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
@@ -377,7 +368,7 @@ def train_replay_agent(
         producers = dist.actors * dist.env_groups
         slots = TransitionSlots(
             dist.slots or 2 * producers, per_group, parts.actor_buffer, parts.n_step,
-            obs_shape[1:] if frame_stack else obs_shape, obs_dtype, frame_stack or 1, ctx)
+            frame_shape, obs_dtype, frame_stack or 1, ctx)
 
     logger = MetricLogger(
         str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 import agents
 from agents import apex
+from distrl.actor import ActorStats
 from distrl.checkpoint import load
 from distrl.config import register_configs
 from distrl.replay.buffer import ReplayBuffer
@@ -59,7 +60,7 @@ def test_slots_carry_the_largest_batch_an_env_group_can_flush():
     slots = TransitionSlots(2, num_envs=3, flush_steps=10, n_step=3, frame_shape=(3, 3),
                             frame_dtype=torch.uint8, stack=4)
     priorities = torch.rand(batch.size)
-    slots.write(batch, priorities, should_stop=lambda: False)
+    slots.write(batch, priorities, should_stop=lambda: False, stats=ActorStats())
     got, got_priorities = slots.read(timeout=1.0)
     for field in ("frames", "observation_frames", "next_observation_frames", "actions",
                   "returns", "discounts"):
@@ -75,7 +76,7 @@ def test_slot_overflow_is_an_error_not_a_truncated_batch():
     slots = TransitionSlots(1, num_envs=1, flush_steps=2, n_step=3, frame_shape=(3, 3),
                             frame_dtype=torch.uint8, stack=4)
     with pytest.raises(RuntimeError, match="exceeds the slot size"):
-        slots.write(batch, torch.rand(batch.size), should_stop=lambda: False)
+        slots.write(batch, torch.rand(batch.size), should_stop=lambda: False, stats=ActorStats())
 
 
 def test_prefetched_draws_do_not_depend_on_thread_timing():
