@@ -31,6 +31,7 @@ from distrl.config import (
     check_unit_interval,
 )
 from distrl.models import DuelingQNet
+from distrl.replay.formats import NStepFormat
 from distrl.types import SampleBatch
 
 # ---------------------------------------------------------------- config
@@ -130,8 +131,9 @@ class EpsilonGreedyPolicy:
         return ()
 
     @torch.no_grad()
-    def __call__(self, observations: torch.Tensor,
-                 core_state: tuple[torch.Tensor, ...] = ()) -> PolicyOutput:
+    def __call__(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...] = (),
+                 last_actions: torch.Tensor | None = None,
+                 last_rewards: torch.Tensor | None = None) -> PolicyOutput:
         q = self.model(observations)
         greedy = q.argmax(dim=-1)
         n, num_actions = q.shape
@@ -191,14 +193,12 @@ class ApexLoss:
 
 
 @torch.no_grad()
-def initial_priorities(model: nn.Module, observations: torch.Tensor, actions: torch.Tensor,
-                       returns: torch.Tensor, discounts: torch.Tensor,
-                       next_observations: torch.Tensor) -> torch.Tensor:
+def initial_priorities(model: nn.Module, batch: SampleBatch) -> torch.Tensor:
     """``|TD|`` of new transitions under an actor's own network copy, used as online and
     target network alike (Horgan et al. 2018, Algorithm 1: actors compute priorities)."""
-    q_taken = model(observations).gather(1, actions.unsqueeze(1)).squeeze(1)
-    next_q = model(next_observations)
-    targets = losses.n_step_double_q_targets(returns, discounts, next_q, next_q)
+    q_taken = model(batch.observations).gather(1, batch.actions.unsqueeze(1)).squeeze(1)
+    next_q = model(batch.next_observations)
+    targets = losses.n_step_double_q_targets(batch.returns, batch.discounts, next_q, next_q)
     return (targets - q_taken).abs()
 
 
@@ -219,8 +219,7 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
                                     huber_delta=cfg.huber_delta),
         initial_priorities=initial_priorities,
         transform_rewards=functools.partial(losses.clip_rewards, mode=cfg.reward_clipping),
-        n_step=cfg.n_step,
-        discount=cfg.discount,
+        experience=NStepFormat(cfg.n_step, cfg.discount),
         batch_size=cfg.batch_size,
         replay=ReplayConfig(
             capacity=cfg.replay_capacity, learning_starts=cfg.learning_starts,

@@ -89,7 +89,11 @@ class ImpalaPolicy:
 
     @torch.no_grad()
     def __call__(
-        self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]
+        self,
+        observations: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...],
+        last_actions: torch.Tensor | None = None,
+        last_rewards: torch.Tensor | None = None,
     ) -> PolicyOutput:
         logits, _, core_state = self.model(observations.unsqueeze(0), core_state)
         logits = logits[0]

@@ -19,8 +19,9 @@ import torch
 
 from distrl.envs import VectorEnv
 from distrl.queues import SlotPool
+from distrl.replay.sequence_writer import SequenceWriter
 from distrl.replay.writers import NStepWriter
-from distrl.types import EnvStep, TransitionBatch
+from distrl.types import EnvStep, SequenceBatch, TransitionBatch
 
 
 class ActorStopped(Exception):
@@ -37,10 +38,18 @@ class PolicyOutput:
 
 
 class Policy(Protocol):
+    """Maps observations to actions. ``last_actions`` [N] int64 (-1 at an episode's first
+    step) and ``last_rewards`` [N] float32 (0 there) are what preceded each observation;
+    R2D2 feeds them to its LSTM (Kapturowski et al. 2019, Section 3)."""
+
     def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]: ...
 
     def __call__(
-        self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]
+        self,
+        observations: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...],
+        last_actions: torch.Tensor | None = None,
+        last_rewards: torch.Tensor | None = None,
     ) -> PolicyOutput: ...
 
 
@@ -149,11 +158,14 @@ class UnrollSink:
 
 
 class TransitionSink:
-    """Feeds one env group's steps to an n-step writer and emits what it completed every
-    ``flush_steps`` steps: an Ape-X actor's local buffer (Horgan et al. 2018, Algorithm 1).
+    """Feeds one env group's steps to a replay writer and emits what it completed every
+    ``flush_steps`` steps: an Ape-X actor's local buffer (Horgan et al. 2018, Algorithm 1),
+    or an R2D2 actor's sequences with their stored recurrent state.
 
     Args:
-        writer: turns the group's steps into n-step transitions.
+        writer: turns the group's steps into n-step transitions
+            (:class:`~distrl.replay.writers.NStepWriter`) or sequences
+            (:class:`~distrl.replay.sequence_writer.SequenceWriter`).
         flush_steps: group steps between two emits (the paper's local buffer size B).
         emit: receives each flushed batch (computes priorities and sends it to the replay).
         transform_rewards: applied to the raw rewards before the writer sums them
@@ -162,9 +174,9 @@ class TransitionSink:
 
     def __init__(
         self,
-        writer: NStepWriter,
+        writer: NStepWriter | SequenceWriter,
         flush_steps: int,
-        emit: Callable[[TransitionBatch], None],
+        emit: Callable[[TransitionBatch | SequenceBatch], None],
         transform_rewards: Callable[[torch.Tensor], torch.Tensor] = lambda r: r,
     ):
         self.writer = writer
@@ -175,7 +187,7 @@ class TransitionSink:
         self.steps = 0
 
     def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
-        self.writer.begin(observations)
+        self.writer.begin(observations, core_state)
 
     def act(self, output: PolicyOutput, version: int) -> None:
         self.actions = output.actions
@@ -183,7 +195,7 @@ class TransitionSink:
     def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None:
         self.writer.add(self.actions, self.transform_rewards(torch.from_numpy(step.rewards)),
                         torch.from_numpy(step.observations), torch.from_numpy(step.terminated),
-                        torch.from_numpy(step.truncated))
+                        torch.from_numpy(step.truncated), core_state)
         self.steps += 1
         if self.steps % self.flush_steps == 0:
             self.flush()
@@ -207,6 +219,8 @@ class EnvGroup:
     sink: Sink
     core_state: tuple[torch.Tensor, ...] = ()
     policy: Policy | None = None
+    last_actions: torch.Tensor | None = None  # [N] before the current observations; -1: none
+    last_rewards: torch.Tensor | None = None  # [N] before the current observations
 
 
 class Actor:
@@ -237,6 +251,8 @@ class Actor:
         for group in self.groups:
             observations = torch.from_numpy(group.env.reset())
             group.core_state = (group.policy or self.policy).initial_state(group.env.num_envs)
+            group.last_actions = torch.full((group.env.num_envs,), -1, dtype=torch.int64)
+            group.last_rewards = torch.zeros(group.env.num_envs)
             group.sink.begin(observations, group.core_state)
             self._act(group, observations)
         self._started = True
@@ -250,6 +266,9 @@ class Actor:
             env_step = group.env.recv()
             self.stats.env_wait_s += time.perf_counter() - start
             group.core_state = reset_core_state(group.core_state, env_step.dones)
+            dones = torch.from_numpy(env_step.dones)
+            group.last_actions = group.last_actions.masked_fill(dones, -1)
+            group.last_rewards = torch.from_numpy(env_step.rewards).float().masked_fill(dones, 0.0)
             group.sink.observe(env_step, group.core_state)
             self._count(group.env, env_step)
             self._act(group, torch.from_numpy(env_step.observations))
@@ -257,10 +276,12 @@ class Actor:
     def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:
         version = self.pull_weights()
         start = time.perf_counter()
-        output = (group.policy or self.policy)(observations, group.core_state)
+        output = (group.policy or self.policy)(observations, group.core_state,
+                                               group.last_actions, group.last_rewards)
         self.stats.policy_s += time.perf_counter() - start
         self.stats.policy_version = version
         group.core_state = output.core_state
+        group.last_actions = output.actions
         group.sink.act(output, version)
         group.env.send(output.actions.numpy())
 

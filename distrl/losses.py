@@ -1,8 +1,11 @@
-"""Pure loss terms: policy gradient, baseline and entropy (IMPALA), reward clipping.
+"""Pure loss terms and their targets: policy gradient, baseline and entropy (IMPALA),
+reward clipping, n-step double-Q targets and the weighted Huber loss (Ape-X), and R2D2's
+value rescaling, transformed n-step targets and sequence priorities.
 
-Every function takes time-major ``[T, B]`` tensors and returns a scalar summed over
-time and batch, as in the IMPALA reference implementation, whose hyperparameters
-(learning rate, baseline and entropy costs) assume summed, not averaged, losses.
+Every function takes time-major ``[T, B, ...]`` tensors. The IMPALA losses return a
+scalar summed over time and batch, as in the IMPALA reference implementation, whose
+hyperparameters (learning rate, baseline and entropy costs) assume summed, not averaged,
+losses; targets and priorities come back per step or per sequence, without gradient.
 """
 
 from __future__ import annotations
@@ -111,3 +114,151 @@ def weighted_huber_loss(
     (Schaul et al. 2016, Algorithm 1)."""
     return (weights * F.huber_loss(td_errors, torch.zeros_like(td_errors), reduction="none",
                                    delta=delta)).mean()
+
+
+# ------------------------------------------------------------------ R2D2
+
+
+def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """The invertible value rescaling ``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x``.
+
+    Pohlen et al. 2018 ("Observe and Look Further"), Section 3.2, the definition of
+    ``h``; used by R2D2 (Kapturowski et al. 2019, Section 2) with ``eps = 1e-3``.
+    Computed as ``x / (sqrt(|x| + 1) + 1) + eps x``, the same function, because
+    ``sqrt(|x| + 1) - 1`` cancels catastrophically for small ``|x|``.
+
+    Args:
+      x: a tensor of any shape, e.g. ``[T, B]`` returns.
+      eps: the Lipschitz-regularising slope ``eps >= 0``.
+
+    Returns:
+      ``h(x)``, of ``x``'s shape and dtype.
+    """
+    return x / (torch.sqrt(x.abs() + 1.0) + 1.0) + eps * x
+
+
+def inverse_value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """The closed-form inverse of :func:`value_rescale` (Pohlen et al. 2018, Proposition
+    A.2's ``h^-1``):
+
+        ``h^-1(x) = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)``.
+
+    With ``u = sqrt(1 + 4 eps (|x| + 1 + eps))`` and ``s = (u - 1) / (2 eps)``, the
+    bracket is ``(s - 1)(s + 1)`` and ``s - 1 = 2 |x| / (u + 1 + 2 eps)``; that form is
+    used because it neither cancels for small ``|x|`` nor divides by ``eps`` (so
+    ``eps = 0`` works). Inputs below float64 are computed in float64: ``h^-1`` grows
+    like ``x^2``, and the round trip ``h^-1(h(x))`` must hold over many decades.
+
+    Args:
+      x: a tensor of any shape on the rescaled scale, e.g. ``[T, B]`` Q values.
+      eps: the ``eps`` of :func:`value_rescale`, ``>= 0``.
+
+    Returns:
+      ``h^-1(x)``, of ``x``'s shape and dtype.
+    """
+    wide = x.to(torch.float64) if x.is_floating_point() and x.dtype != torch.float64 else x
+    magnitude = wide.abs()
+    u = torch.sqrt(1.0 + 4.0 * eps * (magnitude + 1.0 + eps))
+    s_minus_one = 2.0 * magnitude / (u + 1.0 + 2.0 * eps)
+    return (torch.sign(wide) * s_minus_one * (s_minus_one + 2.0)).to(x.dtype)
+
+
+def sequence_priorities(
+    td_abs: torch.Tensor, mask: torch.Tensor, eta: float = 0.9
+) -> torch.Tensor:
+    """Replay priority of each sequence from its absolute TD errors (R2D2, Kapturowski et
+    al. 2019, Section 2.3):
+
+        ``p = eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|``,
+
+    over the steps ``t`` where ``mask`` holds; R2D2 uses ``eta = 0.9``. A sequence with no
+    such step gets priority 0. Unmasked steps never affect the result, even if NaN.
+
+    Args:
+      td_abs: [T, B] absolute TD errors (no gradient is kept).
+      mask: [T, B] bool, True for the steps that count (a nonzero number counts as True).
+      eta: the weight of the maximum, in [0, 1].
+
+    Returns:
+      [B] priorities, without gradient.
+    """
+    if td_abs.dim() != 2:
+        raise ValueError(f"td_abs must have shape [T, B], got {tuple(td_abs.shape)}")
+    _check_time_major("mask", mask, td_abs.shape)
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
+    with torch.no_grad():
+        mask = mask if mask.dtype == torch.bool else mask != 0
+        count = mask.sum(dim=0)
+        if td_abs.shape[0] == 0:
+            return td_abs.new_zeros(td_abs.shape[1])
+        # where(), not multiplication by the mask, so that NaN padding cannot leak in.
+        largest = torch.where(mask, td_abs, float("-inf")).amax(dim=0)
+        mean = torch.where(mask, td_abs, 0.0).sum(dim=0) / count.clamp(min=1)
+        return torch.where(count > 0, eta * largest + (1.0 - eta) * mean, 0.0)
+
+
+def transformed_n_step_double_q_targets(
+    rewards: torch.Tensor,
+    continuations: torch.Tensor,
+    q_online: torch.Tensor,
+    q_target: torch.Tensor,
+    discount: float,
+    n: int,
+    eps: float = 1e-3,
+) -> torch.Tensor:
+    """n-step double-Q targets with invertible value rescaling (R2D2, Kapturowski et al.
+    2019, Section 2, the target ``y~_t``; Pohlen et al. 2018, Section 3.2):
+
+        ``y_t = h( sum_{k<n} gamma^k C_{t,k} r_{t+k}
+                   + gamma^n C_{t,n} h^-1(q_target(s_{t+n}, a*)) )``,
+        ``a* = argmax_a q_online(s_{t+n}, a)``,  ``C_{t,k} = prod_{j<k} c_{t+j}``,
+
+    so the online network picks the bootstrap action and the target network evaluates it
+    (van Hasselt et al. 2016), and a termination at step ``t + j`` (``c_{t+j} = 0``) drops
+    every later reward and the bootstrap. Dropped terms are zeroed, not multiplied by 0, so
+    NaN padding after an episode's end cannot leak into a target.
+
+    Args:
+      rewards: [T, B] ``r_t``, the reward that followed action ``a_t``.
+      continuations: [T, B] float or bool ``c_t``: 1 if the episode goes on after step
+        ``t``, 0 if it terminated at step ``t``.
+      q_online: [T, B, A] online-network Q values (on the ``h`` scale) at each step's
+        observation.
+      q_target: [T, B, A] target-network Q values at the same observations.
+      discount: ``gamma``.
+      n: steps before bootstrapping, ``1 <= n < T``.
+      eps: the ``eps`` of :func:`value_rescale`.
+
+    Returns:
+      [T - n, B] targets for steps ``0 .. T - n - 1``, on the ``h`` scale, without gradient.
+    """
+    if q_online.dim() != 3:
+        raise ValueError(f"q_online must have shape [T, B, A], got {tuple(q_online.shape)}")
+    if q_target.shape != q_online.shape:
+        raise ValueError(
+            f"q_target must have q_online's shape [T, B, A] = {tuple(q_online.shape)}, "
+            f"got {tuple(q_target.shape)}"
+        )
+    _check_time_major("rewards", rewards, q_online.shape[:2])
+    _check_time_major("continuations", continuations, q_online.shape[:2])
+    num_steps = q_online.shape[0]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if num_steps <= n:
+        raise ValueError(f"n = {n} needs sequences of T > n steps; rewards has T = {num_steps}")
+    with torch.no_grad():
+        dtype = torch.promote_types(rewards.dtype, q_target.dtype)
+        rewards = rewards.to(dtype)
+        continuations = continuations.to(dtype)
+        out = num_steps - n
+        returns = rewards.new_zeros(out, rewards.shape[1])
+        trace = torch.ones_like(returns)  # C_{t,k}, for all t at once
+        for k in range(n):
+            weighted = discount**k * trace * rewards[k : k + out]
+            returns = returns + torch.where(trace != 0, weighted, 0.0)
+            trace = trace * continuations[k : k + out]
+        best_tpn = q_online[n:].argmax(dim=-1, keepdim=True)
+        bootstrap_tpn = inverse_value_rescale(q_target[n:].gather(-1, best_tpn).squeeze(-1), eps)
+        bootstrap = torch.where(trace != 0, discount**n * trace * bootstrap_tpn.to(dtype), 0.0)
+        return value_rescale(returns + bootstrap, eps)

@@ -1,11 +1,12 @@
-"""Runs a replay-based agent's parts (Ape-X) in one process or with actor processes.
+"""Runs a replay-based agent's parts (Ape-X, R2D2) in one process or with actor processes.
 
 Actors step their envs with an exploring policy copy, turn the steps into n-step
-transitions (:class:`distrl.actor.TransitionSink`), give each transition its initial
-priority with their own network copy and send batches to the one prioritized replay in
-the learner process. The learner inserts what arrived, trains on prioritized samples and
-writes the new priorities back; the next sample is drawn in a thread while the current
-update runs, so the learner does not wait on the replay (Horgan et al. 2018, Section 3).
+transitions or sequences (:class:`distrl.actor.TransitionSink` and the agent's
+:mod:`distrl.replay.formats`), give each its initial priority with their own network
+copy and send batches to the one prioritized replay in the learner process. The learner
+inserts what arrived, trains on prioritized samples and writes the new priorities back;
+the next sample is drawn in a thread while the current update runs, so the learner does
+not wait on the replay (Horgan et al. 2018, Section 3).
 
 With ``distributed.actors == 0`` actor and learner take turns in one loop; with actor
 processes, batches travel through shared-memory slots (only slot indices go through
@@ -20,6 +21,7 @@ No algorithm lives here: the agent supplies the network, policy, loss and priori
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import queue
@@ -42,9 +44,9 @@ from distrl.learner import Learner, make_lr_schedule
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
 from distrl.replay.buffer import ReplayBuffer
+from distrl.replay.formats import ExperienceFormat
 from distrl.replay.samplers import PrioritizedSampler
-from distrl.replay.storage import TransitionStorage
-from distrl.replay.writers import NStepWriter, rebuild_observations
+from distrl.replay.sequence_writer import flatten_state
 from distrl.runner import (
     ActorProcesses,
     RunSettings,
@@ -59,13 +61,14 @@ from distrl.runner import (
     restore_learner,
     seed_everything,
 )
-from distrl.types import SampleBatch, TransitionBatch
+from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
 from distrl.weights import WeightStore
 
 CHECKPOINT_FORMAT = 1
 
-# (model, observations, actions, returns, discounts, next_observations) -> [K] priorities
-PriorityFn = Callable[..., torch.Tensor]
+# (model, a new batch as the learner would sample it) -> [K] priorities
+PriorityFn = Callable[[nn.Module, Any], torch.Tensor]
+ReplayBatch = TransitionBatch | SequenceBatch
 
 
 @dataclass
@@ -83,7 +86,7 @@ class ReplayConfig:
 
 @dataclass
 class ReplayAgentParts:
-    """What a replay-based agent (Ape-X) plugs into the runner.
+    """What a replay-based agent (Ape-X, R2D2) plugs into the runner.
 
     Every callable must be picklable (module-level functions, classes or
     ``functools.partial`` of them): actor processes build their own copies.
@@ -93,68 +96,65 @@ class ReplayAgentParts:
     make_model: Callable[[tuple[int, ...], int], nn.Module]  # (obs_shape, num_actions) -> model
     make_policy: Callable[[nn.Module, torch.Tensor], Policy]  # (model, epsilons [E]) -> policy
     exploration: Callable[[int], torch.Tensor]  # number of envs in the run -> [count] epsilons
-    make_loss: Callable[[nn.Module], Any]  # model -> (model, SampleBatch) -> (loss, metrics, |TD|)
+    make_loss: Callable[[nn.Module], Any]  # model -> (model, sample) -> (loss, metrics, priorities)
     initial_priorities: PriorityFn  # computed by the actors with their network copy
     transform_rewards: Callable[[torch.Tensor], torch.Tensor]  # reward clipping, per step
-    n_step: int
-    discount: float
-    batch_size: int
+    experience: ExperienceFormat  # n-step transitions or sequences
+    batch_size: int  # items (transitions or sequences) per learner update
     replay: ReplayConfig
     actor_buffer: int  # steps per env an actor gathers before sending
     weight_sync_steps: int  # actor steps between weight pulls
-    replay_ratio: float  # samples per inserted transition; 0: uncapped (1 in one process)
+    replay_ratio: float  # samples per inserted item; 0: uncapped (1 in one process)
     optimizer: OptimizerConfig
 
 
 # ---------------------------------------------------------------- transport
 
 
-class TransitionSlots:
-    """Shared-memory slots that carry one actor batch (transitions, frames, priorities).
+class BatchSlots:
+    """Shared-memory slots that carry one writer batch (items, new frames, priorities).
 
-    A slot is sized for the largest batch an env group can flush: ``K <= E (B + n - 1)``
-    transitions over at most ``E (B + n + stack) stack`` frames for ``E`` envs, ``B``
-    steps between flushes and ``n``-step transitions (every step could start an episode,
-    which stores a whole stack).
+    Every tensor field of the batch has one row per item, except ``frames``; int fields
+    (a sequence batch's stream, first frame id and step count) travel in ``scalars``.
+    A slot is sized for the largest batch an env group can flush
+    (:meth:`~distrl.replay.formats.NStepFormat.max_batch`); a larger one is an error,
+    never truncated.
     """
 
-    def __init__(self, num_slots: int, num_envs: int, flush_steps: int, n_step: int,
-                 frame_shape: tuple[int, ...], frame_dtype: torch.dtype, stack: int,
-                 mp_context: Any = None) -> None:
-        self.max_transitions = num_envs * (flush_steps + n_step - 1)
-        self.max_frames = num_envs * (flush_steps + n_step + stack) * stack
-        k = self.max_transitions
-        specs = {
-            "frames": FieldSpec((self.max_frames, *frame_shape), frame_dtype),
-            "observation_frames": FieldSpec((k, stack), torch.int64),
-            "next_observation_frames": FieldSpec((k, stack), torch.int64),
-            "actions": FieldSpec((k,), torch.int64),
-            "returns": FieldSpec((k,), torch.float32),
-            "discounts": FieldSpec((k,), torch.float32),
-            "priorities": FieldSpec((k,), torch.float32),
-            "sizes": FieldSpec((2,), torch.int64),  # transitions, frames
-        }
+    def __init__(self, num_slots: int, experience: ExperienceFormat, num_envs: int,
+                 flush_steps: int, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
+                 stack: int, state_size: int, mp_context: Any = None) -> None:
+        self.batch_type = experience.batch_type
+        self.max_items, self.max_frames = experience.max_batch(num_envs, flush_steps, stack)
+        self.item_fields = experience.item_fields(stack, state_size)
+        self.int_fields = [f.name for f in dataclasses.fields(self.batch_type)
+                           if f.name != "frames" and f.name not in self.item_fields]
+        specs = {name: FieldSpec((self.max_items, *shape), dtype)
+                 for name, (shape, dtype) in self.item_fields.items()}
+        specs["frames"] = FieldSpec((self.max_frames, *frame_shape), frame_dtype)
+        specs["priorities"] = FieldSpec((self.max_items,), torch.float32)
+        specs["scalars"] = FieldSpec((2 + len(self.int_fields),), torch.int64)  # K, M, ints
         self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
 
-    def write(self, batch: TransitionBatch, priorities: torch.Tensor,
+    def write(self, batch: ReplayBatch, priorities: torch.Tensor,
               should_stop: Callable[[], bool], stats: ActorStats) -> None:
         """Actor side: copy a batch into a free slot and hand it over (the wait for a free
         slot is counted in ``stats``)."""
         k, m = batch.size, batch.frames.shape[0]
-        if k > self.max_transitions or m > self.max_frames:
-            raise RuntimeError(f"an actor batch of {k} transitions / {m} frames exceeds the "
-                               f"slot size {self.max_transitions} / {self.max_frames}")
+        if k > self.max_items or m > self.max_frames:
+            raise RuntimeError(f"an actor batch of {k} items / {m} frames exceeds the "
+                               f"slot size {self.max_items} / {self.max_frames}")
         index = acquire_slot(self.pool, should_stop, stats)
         b = self.pool.buffers
         b["frames"][index, :m].copy_(batch.frames)
-        for name in ("observation_frames", "next_observation_frames", "actions", "returns",
-                     "discounts"):
+        for name in self.item_fields:
             b[name][index, :k].copy_(getattr(batch, name))
         b["priorities"][index, :k].copy_(priorities)
-        b["sizes"][index].copy_(torch.tensor([k, m]))
+        ints = [getattr(batch, name) for name in self.int_fields]
+        b["scalars"][index].copy_(torch.tensor([k, m, *ints]))
         self.pool.commit(index)
 
-    def read(self, timeout: float) -> tuple[TransitionBatch, torch.Tensor] | None:
+    def read(self, timeout: float) -> tuple[ReplayBatch, torch.Tensor] | None:
         """Learner side: the next full slot's batch and priorities (copied), or None."""
         try:
             index = self.pool.full.get(timeout=timeout) if timeout > 0 else \
@@ -162,15 +162,10 @@ class TransitionSlots:
         except queue.Empty:
             return None
         b = self.pool.buffers
-        k, m = b["sizes"][index].tolist()
-        batch = TransitionBatch(
-            frames=b["frames"][index, :m].clone(),
-            observation_frames=b["observation_frames"][index, :k].clone(),
-            next_observation_frames=b["next_observation_frames"][index, :k].clone(),
-            actions=b["actions"][index, :k].clone(),
-            returns=b["returns"][index, :k].clone(),
-            discounts=b["discounts"][index, :k].clone(),
-        )
+        k, m, *ints = b["scalars"][index].tolist()
+        fields = {name: b[name][index, :k].clone() for name in self.item_fields}
+        batch = self.batch_type(frames=b["frames"][index, :m].clone(), **fields,
+                                **dict(zip(self.int_fields, ints, strict=True)))
         priorities = b["priorities"][index, :k].clone()
         self.pool.release([index])
         return batch, priorities
@@ -191,17 +186,16 @@ class ReplayTopology:
 
 def build_replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
-    store: WeightStore, emit: Callable[[TransitionBatch, torch.Tensor], None], actor_id: int,
+    store: WeightStore, emit: Callable[[ReplayBatch, torch.Tensor], None], actor_id: int,
     stats: ActorStats,
 ) -> Actor:
-    """An actor whose env groups write n-step transitions, prioritised by ``model``."""
+    """An actor whose env groups write transitions or sequences, prioritised by ``model``."""
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
+    experience = parts.experience
 
-    def prioritise_and_emit(batch: TransitionBatch) -> None:
-        observations, next_observations = rebuild_observations(batch, topology.frame_stack)
-        priorities = parts.initial_priorities(model, observations, batch.actions,
-                                              batch.returns, batch.discounts, next_observations)
+    def prioritise_and_emit(writer: Any, batch: ReplayBatch) -> None:
+        priorities = parts.initial_priorities(model, experience.as_sample(writer, batch))
         emit(batch, priorities.float())
 
     groups = []
@@ -209,8 +203,10 @@ def build_replay_actor(
         seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
         first = actor_id * dist.envs_per_actor + g * per_group
-        writer = NStepWriter(per_group, parts.n_step, parts.discount, topology.frame_stack)
-        sink = TransitionSink(writer, parts.actor_buffer, prioritise_and_emit,
+        writer = experience.make_writer(per_group, topology.frame_stack,
+                                        stream=actor_id * dist.env_groups + g)
+        sink = TransitionSink(writer, parts.actor_buffer,
+                              functools.partial(prioritise_and_emit, writer),
                               parts.transform_rewards)
         policy = parts.make_policy(model, topology.epsilons[first:first + per_group])
         groups.append(EnvGroup(env, sink, policy=policy))
@@ -233,13 +229,13 @@ def build_replay_actor(
 
 def _replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology,
-    slots: TransitionSlots, store: WeightStore, actor_id: int, stats: ActorStats,
+    slots: BatchSlots, store: WeightStore, actor_id: int, stats: ActorStats,
     should_stop: Callable[[], bool],
 ) -> Actor:
     """An actor process's actor: it sends its batches through ``slots``."""
     model = parts.make_model(topology.obs_shape, topology.num_actions)
 
-    def emit(batch: TransitionBatch, priorities: torch.Tensor) -> None:
+    def emit(batch: ReplayBatch, priorities: torch.Tensor) -> None:
         slots.write(batch, priorities, should_stop, stats)
 
     return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats)
@@ -262,12 +258,12 @@ class Prefetcher:
         self.generator = generator
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="distrl-replay-prefetch")
         self._pending: Future | None = None
-        self.ready: SampleBatch | None = None  # a drawn batch not yet trained on
+        self.ready: SampleBatch | SequenceSample | None = None  # drawn, not yet trained on
 
-    def _draw(self) -> SampleBatch:
+    def _draw(self) -> SampleBatch | SequenceSample:
         return self.buffer.sample(self.batch_size, self.generator)
 
-    def next(self) -> tuple[SampleBatch, float]:
+    def next(self) -> tuple[SampleBatch | SequenceSample, float]:
         """The batch to train on now (and start drawing the following one)."""
         start = time.perf_counter()
         self.settle()
@@ -291,10 +287,11 @@ class Prefetcher:
 
 
 def make_replay(parts: ReplayAgentParts, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
-                frame_stack: Optional[int], kernel: str) -> ReplayBuffer:
+                frame_stack: Optional[int], kernel: str, envs_per_writer: int) -> ReplayBuffer:
     """The prioritized replay: frames stored once, priorities in the sum tree."""
     r = parts.replay
-    storage = TransitionStorage(r.capacity, frame_shape, frame_dtype, frame_stack)
+    storage = parts.experience.make_storage(r.capacity, frame_shape, frame_dtype, frame_stack,
+                                            envs_per_writer, parts.actor_buffer)
     sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
                                  beta_final=r.beta_final, beta_steps=r.beta_steps,
                                  epsilon=r.epsilon, kernel=kernel)
@@ -341,12 +338,13 @@ def train_replay_agent(
     optimizer = optimizer_for(model, opt)
     # A linear schedule decays over the updates the frame budget allows at the replay ratio.
     planned_updates = math.ceil(settings.total_frames / frames_per_step
+                                / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, planned_updates)
     store = WeightStore(model, shared=dist.actors > 0)
     loss = parts.make_loss(model)
     learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, store)
-    replay = make_replay(parts, frame_shape, obs_dtype, frame_stack, settings.kernel)
+    replay = make_replay(parts, frame_shape, obs_dtype, frame_stack, settings.kernel, per_group)
     generator = torch.Generator().manual_seed(settings.seed)
     prefetcher = Prefetcher(replay, parts.batch_size, generator)
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
@@ -363,12 +361,14 @@ def train_replay_agent(
         store.publish(model, learner.updates)
 
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
-    slots: TransitionSlots | None = None
+    slots: BatchSlots | None = None
     if dist.actors > 0:
         producers = dist.actors * dist.env_groups
-        slots = TransitionSlots(
-            dist.slots or 2 * producers, per_group, parts.actor_buffer, parts.n_step,
-            frame_shape, obs_dtype, frame_stack or 1, ctx)
+        policy = parts.make_policy(model, topology.epsilons[:1])
+        state_size = flatten_state(policy.initial_state(1), 1).shape[1]
+        slots = BatchSlots(
+            dist.slots or 2 * producers, parts.experience, per_group, parts.actor_buffer,
+            frame_shape, obs_dtype, frame_stack or 1, state_size, ctx)
 
     logger = MetricLogger(
         str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
@@ -386,10 +386,10 @@ def train_replay_agent(
     local_actor: Actor | None = None
     local_sinks: list[TransitionSink] = []
 
-    def insert(batch: TransitionBatch, priorities: torch.Tensor) -> None:
+    def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:
         prefetcher.settle()
         replay.add(batch, priorities)
-        counters["frames"] += batch.size * frames_per_step
+        counters["frames"] += batch.env_steps * frames_per_step
         if len(replay) >= parts.replay.learning_starts and replay_ratio > 0:
             counters["update_credit"] += replay_ratio * batch.size / parts.batch_size
         logger.add("replay/inserted_per_batch", batch.size)

@@ -81,6 +81,69 @@ class TransitionBatch:
     def size(self) -> int:
         return self.actions.shape[0]
 
+    @property
+    def env_steps(self) -> int:
+        """Env steps the batch stands for: one per transition."""
+        return self.size
+
+
+@dataclass
+class SequenceBatch:
+    """Overlapping fixed-length sequences of one writer, with their stored recurrent state
+    (Kapturowski et al. 2019, R2D2, Section 3).
+
+    Each sequence is ``L`` step slots: a burn-in prefix, the trained steps and the steps
+    whose observations bootstrap the n-step targets. Slots before the episode's first step
+    or after its last are padding (``valid`` False). Frames are counted per *stream* (one
+    writer): each frame the writer sees is sent once, in the first batch after it arrived
+    (``frames``, stream ids ``first_frame ..``), and sequences refer to frames by stream
+    id, also to frames sent in earlier batches, so overlapping sequences share frames.
+    """
+
+    frames: torch.Tensor  # [M, *frame_shape] the stream's frames first_frame .. first_frame+M-1
+    observation_frames: torch.Tensor  # [K, L, stack] int64 stream frame ids of each slot
+    prev_actions: torch.Tensor  # [K, L] int64 action before the slot's step; -1 at episode start
+    prev_rewards: torch.Tensor  # [K, L] float32 reward before the slot's step; 0 at episode start
+    actions: torch.Tensor  # [K, L] int64 a_t
+    rewards: torch.Tensor  # [K, L] float32 r_t, the reward that followed a_t
+    terminated: torch.Tensor  # [K, L] bool: the episode reached a terminal state after a_t
+    valid: torch.Tensor  # [K, L] bool: a real step of the episode (not padding)
+    stored_state: torch.Tensor  # [K, S] float32 actor's recurrent state before slot 0
+    start_state: torch.Tensor  # [K, S] float32 actor's state before the first trained slot
+    stream: int = 0  # which writer: frame ids are that writer's
+    first_frame: int = 0  # stream id of frames[0]
+    steps: int = 0  # env steps the writer recorded since its previous batch
+
+    @property
+    def size(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def env_steps(self) -> int:
+        return self.steps
+
+
+@dataclass
+class SequenceSample:
+    """Sequences drawn from a replay, time-major and with observations rebuilt."""
+
+    indices: torch.Tensor  # [B] int64 replay ids (-1 for sequences not in a replay)
+    weights: torch.Tensor  # [B] float32 importance-sampling weights
+    observations: torch.Tensor  # [L, B, *obs_shape]
+    prev_actions: torch.Tensor  # [L, B] int64, -1 at an episode's first step and padding
+    prev_rewards: torch.Tensor  # [L, B] float32
+    actions: torch.Tensor  # [L, B] int64
+    rewards: torch.Tensor  # [L, B] float32
+    terminated: torch.Tensor  # [L, B] bool
+    valid: torch.Tensor  # [L, B] bool
+    stored_state: torch.Tensor  # [B, S]
+    start_state: torch.Tensor  # [B, S]
+
+    @property
+    def resets(self) -> torch.Tensor:
+        """[L, B] bool: an episode starts at this step (its recurrent state is zero)."""
+        return self.valid & (self.prev_actions < 0)
+
 
 @dataclass
 class SampleBatch:

@@ -245,3 +245,95 @@ def chi2_quantile(df: int, z: float = Z_999) -> float:
     with mean ``1 - 2/(9 df)`` and variance ``2/(9 df)``; ``z`` is the normal quantile."""
     h = 2.0 / (9.0 * df)
     return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+# ------------------------------------------------------------------ R2D2
+
+
+def value_rescale_naive(x: float, eps: float = 1e-3) -> float:
+    """``h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x`` as written in Pohlen et al. 2018,
+    Section 3.2, on one Python float."""
+    x = float(x)
+    sign = (x > 0) - (x < 0)
+    return sign * (math.sqrt(abs(x) + 1.0) - 1.0) + eps * x
+
+
+def inverse_value_rescale_naive(x: float, eps: float = 1e-3) -> float:
+    """``h^-1(x) = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)``,
+    Pohlen et al. 2018, Proposition A.2, as written, on one Python float (``eps > 0``)."""
+    x = float(x)
+    sign = (x > 0) - (x < 0)
+    root = (math.sqrt(1.0 + 4.0 * eps * (abs(x) + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return sign * (root**2 - 1.0)
+
+
+def sequence_priorities_naive(td_abs: np.ndarray, mask: np.ndarray, eta: float) -> np.ndarray:
+    """R2D2's sequence priority (Kapturowski et al. 2019, Section 2.3), column by column:
+    ``eta * max + (1 - eta) * mean`` of the masked ``|delta_t|``, or 0 if none is masked.
+
+    Args:
+      td_abs, mask: [T, B] arrays.
+
+    Returns:
+      [B] float64 array.
+    """
+    td_abs = np.asarray(td_abs, dtype=np.float64)
+    mask = np.asarray(mask)
+    out = np.zeros(td_abs.shape[1])
+    for b in range(td_abs.shape[1]):
+        kept = [float(td_abs[t, b]) for t in range(td_abs.shape[0]) if mask[t, b]]
+        if kept:
+            out[b] = eta * max(kept) + (1.0 - eta) * sum(kept) / len(kept)
+    return out
+
+
+def transformed_n_step_targets_naive(
+    rewards: np.ndarray,
+    continuations: np.ndarray,
+    q_online: np.ndarray,
+    q_target: np.ndarray,
+    discount: float,
+    n: int,
+    eps: float = 1e-3,
+) -> np.ndarray:
+    """R2D2's transformed n-step double-Q target (Kapturowski et al. 2019, Section 2),
+    one step and one term at a time:
+
+        y_t = h( sum_{k<n} gamma^k (prod_{j<k} c_{t+j}) r_{t+k}
+                 + gamma^n (prod_{j<n} c_{t+j}) h^-1(q_target[t+n, argmax_a q_online[t+n, a]]) )
+
+    Every product is recomputed from its factors; the argmax takes the first of equal
+    maxima, as torch does.
+
+    Args:
+      rewards, continuations: [T, B] arrays.
+      q_online, q_target: [T, B, A] arrays.
+
+    Returns:
+      [T - n, B] float64 array.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    continuations = np.asarray(continuations, dtype=np.float64)
+    q_online = np.asarray(q_online, dtype=np.float64)
+    q_target = np.asarray(q_target, dtype=np.float64)
+    num_steps, batch, num_actions = q_online.shape
+    targets = np.zeros((num_steps - n, batch))
+    for b in range(batch):
+        for t in range(num_steps - n):
+            total = 0.0
+            for k in range(n):
+                alive = 1.0
+                for j in range(k):
+                    alive *= continuations[t + j, b]
+                total += discount**k * alive * rewards[t + k, b]
+            alive = 1.0
+            for j in range(n):
+                alive *= continuations[t + j, b]
+            best = 0
+            for a in range(1, num_actions):
+                if q_online[t + n, b, a] > q_online[t + n, b, best]:
+                    best = a
+            bootstrap = inverse_value_rescale_naive(float(q_target[t + n, b, best]), eps)
+            total += discount**n * alive * bootstrap
+            targets[t, b] = value_rescale_naive(total, eps)
+    return targets

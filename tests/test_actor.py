@@ -52,14 +52,20 @@ class StubPolicy:
 
     def __init__(self) -> None:
         self.seen: list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = []
+        self.previous: list[tuple[torch.Tensor, torch.Tensor]] = []  # last actions, rewards
 
     def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         return torch.zeros(batch_size, H), torch.zeros(batch_size, H)
 
     def __call__(
-        self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]
+        self,
+        observations: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...],
+        last_actions: torch.Tensor | None = None,
+        last_rewards: torch.Tensor | None = None,
     ) -> PolicyOutput:
         self.seen.append((observations.clone(), tuple(s.clone() for s in core_state)))
+        self.previous.append((last_actions.clone(), last_rewards.clone()))
         env_index, step = observations[:, 0].long(), observations[:, 1].long()
         actions = (env_index + step) % A
         logits = torch.tensor([_logits(e, s) for e, s in zip(env_index.tolist(), step.tolist(),
@@ -168,6 +174,15 @@ def test_one_group_unrolls_match_the_closed_form() -> None:
     for observations, (h, c) in policy.seen:
         assert torch.equal(h, observations[:, 1:].expand(-1, H))
         assert torch.equal(c, 2 * h)
+    # The policy saw the action and reward before each observation, -1 and 0 at an
+    # episode's first step (the counter env's reward is the action plus one).
+    for (observations, _), (last_actions, last_rewards) in zip(policy.seen, policy.previous,
+                                                                strict=True):
+        env_index, step = observations[:, 0].long(), observations[:, 1].long()
+        first = step == 0
+        expected = counter_action(env_index, step - 1, A)
+        assert torch.equal(last_actions, torch.where(first, -1, expected))
+        assert torch.equal(last_rewards, torch.where(first, 0.0, expected + 1.0))
 
     # The open slot: observation 0, the state and step 0's action are in; the rest is sentinel.
     (open_slot,) = set(range(n_unrolls + 1)) - set(indices)

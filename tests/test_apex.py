@@ -84,8 +84,11 @@ def test_apex_loss_priorities_and_target_copies():
 
 def test_initial_priorities_use_the_actor_copy_for_both_nets():
     model = TableQ(torch.tensor([[0.0, 1.0], [4.0, 3.0]]))
-    got = initial_priorities(model, torch.tensor([[0.0]]), torch.tensor([0]),
-                             torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([[1.0]]))
+    batch = SampleBatch(indices=torch.tensor([-1]), observations=torch.tensor([[0.0]]),
+                        actions=torch.tensor([0]), returns=torch.tensor([1.0]),
+                        discounts=torch.tensor([0.5]), next_observations=torch.tensor([[1.0]]),
+                        weights=torch.ones(1))
+    got = initial_priorities(model, batch)
     assert got.tolist() == pytest.approx([abs(1.0 + 0.5 * 4.0 - 0.0)])
 
 

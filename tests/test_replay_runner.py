@@ -18,10 +18,11 @@ from distrl.actor import ActorStats
 from distrl.checkpoint import load
 from distrl.config import register_configs
 from distrl.replay.buffer import ReplayBuffer
+from distrl.replay.formats import NStepFormat
 from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
-from distrl.replay_runner import Prefetcher, TransitionSlots
+from distrl.replay_runner import BatchSlots, Prefetcher
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
@@ -57,8 +58,8 @@ def test_slots_carry_the_largest_batch_an_env_group_can_flush():
     # Episodes end at half of all steps, so many first observations store whole stacks.
     writer = NStepWriter(num_envs=3, n=3, discount=0.9, frame_stack=4)
     batch = _batch(writer, steps=10, seed=0)
-    slots = TransitionSlots(2, num_envs=3, flush_steps=10, n_step=3, frame_shape=(3, 3),
-                            frame_dtype=torch.uint8, stack=4)
+    slots = BatchSlots(2, NStepFormat(3, 0.9), num_envs=3, flush_steps=10, frame_shape=(3, 3),
+                       frame_dtype=torch.uint8, stack=4, state_size=0)
     priorities = torch.rand(batch.size)
     slots.write(batch, priorities, should_stop=lambda: False, stats=ActorStats())
     got, got_priorities = slots.read(timeout=1.0)
@@ -73,8 +74,8 @@ def test_slots_carry_the_largest_batch_an_env_group_can_flush():
 def test_slot_overflow_is_an_error_not_a_truncated_batch():
     writer = NStepWriter(num_envs=3, n=3, discount=0.9, frame_stack=4)
     batch = _batch(writer, steps=10, seed=1)
-    slots = TransitionSlots(1, num_envs=1, flush_steps=2, n_step=3, frame_shape=(3, 3),
-                            frame_dtype=torch.uint8, stack=4)
+    slots = BatchSlots(1, NStepFormat(3, 0.9), num_envs=1, flush_steps=2, frame_shape=(3, 3),
+                       frame_dtype=torch.uint8, stack=4, state_size=0)
     with pytest.raises(RuntimeError, match="exceeds the slot size"):
         slots.write(batch, torch.rand(batch.size), should_stop=lambda: False, stats=ActorStats())
 

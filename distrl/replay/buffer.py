@@ -8,14 +8,16 @@ import torch
 
 from distrl.config import check_count
 from distrl.replay.samplers import PrioritizedSampler, UniformSampler
+from distrl.replay.sequence_storage import SequenceStorage
 from distrl.replay.storage import TransitionStorage
-from distrl.types import SampleBatch, TransitionBatch
+from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
 
 Sampler = Union[UniformSampler, PrioritizedSampler]
 
 
 class ReplayBuffer:
-    """Transitions in a :class:`TransitionStorage`, drawn by a sampler.
+    """Transitions in a :class:`TransitionStorage` (or sequences in a
+    :class:`~distrl.replay.sequence_storage.SequenceStorage`), drawn by a sampler.
 
     Every transition the storage evicts is removed from the sampler in the same call,
     so a sample never holds a transition whose frames were overwritten. Priorities
@@ -24,7 +26,7 @@ class ReplayBuffer:
     their slot.
     """
 
-    def __init__(self, storage: TransitionStorage, sampler: Sampler) -> None:
+    def __init__(self, storage: TransitionStorage | SequenceStorage, sampler: Sampler) -> None:
         if sampler.capacity != storage.capacity:
             raise ValueError(f"sampler capacity {sampler.capacity} must equal the storage "
                              f"capacity {storage.capacity}")
@@ -36,22 +38,25 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.storage)
 
-    def add(self, batch: TransitionBatch, priorities: Optional[torch.Tensor] = None) -> None:
+    def add(self, batch: TransitionBatch | SequenceBatch,
+            priorities: Optional[torch.Tensor] = None) -> None:
         """Store ``batch`` with its initial priorities (``[K]``, ``|TD error|``)."""
         if priorities is not None and priorities.shape != (batch.size,):
             raise ValueError(f"priorities must be [{batch.size}], got {list(priorities.shape)}")
         ids, evicted = self.storage.add(batch)
         self.sampler.remove(evicted)
-        self.sampler.add(ids, priorities)
+        kept = ids >= 0  # a sequence storage refuses sequences whose frames are gone
+        self.sampler.add(ids[kept], None if priorities is None else priorities[kept])
         self.inserted += batch.size
 
-    def sample(self, batch_size: int, generator: Optional[torch.Generator] = None) -> SampleBatch:
+    def sample(self, batch_size: int, generator: Optional[torch.Generator] = None
+               ) -> SampleBatch | SequenceSample:
         """``batch_size`` transitions with observations rebuilt and IS weights."""
         check_count("batch_size", batch_size)
         ids, weights = self.sampler.sample(batch_size, self.storage.live_ids(), generator)
         fields = self.storage.gather(ids)
         self.sampled += batch_size
-        return SampleBatch(indices=ids, weights=weights, **fields)
+        return self.storage.sample_type(indices=ids, weights=weights, **fields)
 
     def update_priorities(self, ids: torch.Tensor, priorities: torch.Tensor) -> int:
         """Write back ``|TD error|`` of drawn ``ids``; returns how many were still stored."""

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from distrl.config import check_count
-from distrl.types import TransitionBatch
+from distrl.types import SampleBatch, TransitionBatch
 
 
 class TransitionStorage:
@@ -44,6 +44,8 @@ class TransitionStorage:
         frames that batches repeat (an observation's older frames, carried over from the
         previous batch) and for each episode's first stack.
     """
+
+    sample_type = SampleBatch
 
     def __init__(
         self,

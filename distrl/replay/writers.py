@@ -118,8 +118,10 @@ class NStepWriter:
 
     # ------------------------------------------------------------------ stepping
 
-    def begin(self, observations: torch.Tensor) -> None:
-        """Start an episode in every env.
+    def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...] = ()
+              ) -> None:
+        """Start an episode in every env (``core_state`` is accepted and ignored: an n-step
+        transition keeps no recurrent state).
 
         A second call ends every env's current episode first, like a truncation (its
         pending steps are dropped); the observation shape and dtype must stay those of
@@ -147,8 +149,9 @@ class NStepWriter:
         observations: torch.Tensor,
         terminated: torch.Tensor,
         truncated: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...] = (),
     ) -> None:
-        """Record one batched env step.
+        """Record one batched env step (``core_state`` is ignored, as in :meth:`begin`).
 
         Args:
           actions: [N] integer ``a_t``, taken in each env's previous observation.
