@@ -6,6 +6,9 @@ waits); any other registered gymnasium id with a Discrete action space runs in a
 ``SyncVectorEnv`` in this process. Both autoreset in the same step and report each
 finished episode's raw score and length, summed here from unclipped rewards, so the
 numbers logged are the game's own scores whatever a loss later does to the rewards.
+
+Importing this module also registers ``CartPoleNoVelocity-v1``: CartPole-v1 with the
+velocities hidden, a task a feed-forward agent cannot solve but a recurrent one can.
 """
 
 from __future__ import annotations
@@ -269,6 +272,50 @@ class GymEnvs(VectorEnv):
 
     def _close(self) -> None:
         self._env.close()
+
+
+class HideVelocity(gymnasium.ObservationWrapper):
+    """CartPole with only positions observed: a POMDP that needs memory to infer velocity.
+
+    CartPole's observation is [cart position, cart velocity, pole angle, pole angular
+    velocity]; this keeps indices 0 and 2 in a float32 ``Box`` of shape ``(2,)``, its
+    bounds those of the wrapped space at the same indices.
+    """
+
+    kept_indices = (0, 2)
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gymnasium.spaces.Box) or space.shape != (4,):
+            raise ValueError(f"HideVelocity wraps CartPole's Box of shape (4,), got {space}")
+        kept = list(self.kept_indices)
+        self.observation_space = gymnasium.spaces.Box(
+            low=space.low[kept], high=space.high[kept], dtype=np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.asarray(observation, np.float32)[list(self.kept_indices)]
+
+
+def _cartpole_no_velocity(**kwargs: Any) -> HideVelocity:
+    """Entry point of ``CartPoleNoVelocity-v1``; gymnasium.make adds the 500-step TimeLimit."""
+    cartpole = gymnasium.envs.registration.load_env_creator(
+        gymnasium.spec("CartPole-v1").entry_point
+    )
+    return HideVelocity(cartpole(**kwargs))
+
+
+# gymnasium warns when an id is registered again (a reload, a second import path); each
+# spawned process imports this module afresh and so registers it once there.
+if "CartPoleNoVelocity-v1" not in gymnasium.registry:
+    gymnasium.register(
+        "CartPoleNoVelocity-v1",
+        # A string, as in gymnasium's own specs: EnvSpec.to_json cannot serialise a callable.
+        entry_point=f"{__name__}:_cartpole_no_velocity",
+        max_episode_steps=500,
+        reward_threshold=gymnasium.spec("CartPole-v1").reward_threshold,
+    )
 
 
 def _import_user_modules(modules: list[str]) -> None:

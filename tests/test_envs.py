@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 
@@ -169,6 +170,77 @@ def test_cartpole_same_step_autoreset_and_returns() -> None:
                 # Same-step autoreset: already a fresh start, uniform in [-0.05, 0.05].
                 assert np.abs(step.observations[i]).max() <= 0.05
     assert done_steps >= 3
+
+
+def test_hide_velocity_keeps_cartpole_positions() -> None:
+    full = gymnasium.make("CartPole-v1")
+    hidden = gymnasium.make("CartPoleNoVelocity-v1")
+    space = hidden.observation_space
+    assert space.shape == (2,) and space.dtype == np.float32
+    np.testing.assert_array_equal(space.low, full.observation_space.low[[0, 2]])
+    np.testing.assert_array_equal(space.high, full.observation_space.high[[0, 2]])
+    obs_full, _ = full.reset(seed=3)
+    obs_hidden, _ = hidden.reset(seed=3)
+    np.testing.assert_array_equal(obs_hidden, obs_full[[0, 2]])
+    episodes = 1
+    for action in np.random.default_rng(0).integers(0, 2, 60):
+        obs_full, reward_full, term_full, trunc_full, _ = full.step(action)
+        obs_hidden, reward_hidden, term_hidden, trunc_hidden, _ = hidden.step(action)
+        assert obs_hidden.dtype == np.float32 and obs_hidden.shape == (2,)
+        np.testing.assert_array_equal(obs_hidden, obs_full[[0, 2]])
+        assert (reward_hidden, term_hidden, trunc_hidden) == (reward_full, term_full, trunc_full)
+        assert np.abs(obs_full[[1, 3]]).min() > 0  # there was velocity to hide
+        if term_full:
+            # Unseeded resets continue each env's stream; the two streams must stay equal.
+            obs_full, _ = full.reset()
+            obs_hidden, _ = hidden.reset()
+            np.testing.assert_array_equal(obs_hidden, obs_full[[0, 2]])
+            episodes += 1
+    assert episodes >= 2
+
+
+def test_cartpole_no_velocity_truncates_at_500() -> None:
+    spec = gymnasium.spec("CartPoleNoVelocity-v1")
+    assert spec.max_episode_steps == 500
+    assert spec.reward_threshold == gymnasium.spec("CartPole-v1").reward_threshold
+    env = gymnasium.make("CartPoleNoVelocity-v1")
+    env.reset(seed=0)
+    for t in range(1, 501):
+        # The test may peek at the hidden state: a PD controller that balances indefinitely.
+        x, x_dot, theta, theta_dot = env.unwrapped.state
+        action = int(theta + 0.5 * theta_dot + 0.01 * x + 0.1 * x_dot > 0)
+        _, _, terminated, truncated, _ = env.step(action)
+        assert not terminated
+        assert truncated is (t == 500)
+
+
+def test_cartpole_no_velocity_through_make_envs() -> None:
+    with make_envs(EnvConfig(id="CartPoleNoVelocity-v1"), 2, seed=0) as env:
+        assert env.observation_shape == (2,) and env.observation_dtype == np.float32
+        assert (env.num_actions, env.frames_per_step) == (2, 1)
+        obs = env.reset()
+        assert obs.shape == (2, 2) and obs.dtype == np.float32
+        step = env.step(np.array([0, 1]))
+        assert step.observations.shape == (2, 2)
+
+
+def test_cartpole_no_velocity_registration_is_idempotent() -> None:
+    # In a fresh interpreter, so reloading cannot swap the classes other tests hold.
+    code = textwrap.dedent(
+        """
+        import importlib
+        import gymnasium
+        import distrl.envs
+        spec = gymnasium.spec("CartPoleNoVelocity-v1")
+        importlib.reload(distrl.envs)
+        assert gymnasium.spec("CartPoleNoVelocity-v1") is spec
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-W", "error", "-c", code],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok" and "Overriding" not in result.stderr
 
 
 def test_bad_calls_raise() -> None:
