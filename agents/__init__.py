@@ -10,6 +10,7 @@ from distrl.config import ConfigError
 AGENTS = {
     "impala": ("agents.impala", "ImpalaConfig"),
     "apex": ("agents.apex", "ApexConfig"),
+    "r2d2": ("agents.r2d2", "R2D2Config"),
 }
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from distrl import losses
@@ -30,6 +29,7 @@ from distrl.config import (
     check_positive,
     check_unit_interval,
 )
+from distrl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.models import DuelingQNet
 from distrl.replay.formats import NStepFormat
 from distrl.types import SampleBatch
@@ -99,15 +99,6 @@ class ApexConfig:
                               f"agent.learning_starts ({self.learning_starts})")
 
 
-def epsilon_ladder(count: int, base: float = 0.4, exponent: float = 7.0) -> torch.Tensor:
-    """[count] exploration rates ``eps_i = base^(1 + exponent * i / (count - 1))``
-    (Horgan et al. 2018, Section 4.1: 0.4 and 7); one actor gets ``base``."""
-    if count == 1:
-        return torch.tensor([base], dtype=torch.float64)
-    i = torch.arange(count, dtype=torch.float64)
-    return base ** (1 + exponent * i / (count - 1))
-
-
 # ---------------------------------------------------------------- network
 
 
@@ -134,12 +125,8 @@ class EpsilonGreedyPolicy:
     def __call__(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...] = (),
                  last_actions: torch.Tensor | None = None,
                  last_rewards: torch.Tensor | None = None) -> PolicyOutput:
-        q = self.model(observations)
-        greedy = q.argmax(dim=-1)
-        n, num_actions = q.shape
-        explore = torch.rand(n, generator=self.generator, dtype=torch.float64) < self.epsilons
-        random = torch.randint(0, num_actions, (n,), generator=self.generator)
-        return PolicyOutput(torch.where(explore, random, greedy), {}, ())
+        actions = epsilon_greedy(self.model(observations), self.epsilons, self.generator)
+        return PolicyOutput(actions, {}, ())
 
 
 # ---------------------------------------------------------------- loss
@@ -239,10 +226,6 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     from distrl.replay_runner import train_replay_agent
     from distrl.runner import RunSettings
 
-    settings = RunSettings(
-        env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
-        seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
-        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)), kernel=cfg.kernel,
-    )
+    settings = RunSettings.from_config(cfg)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
                               progress=progress)

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torch import nn
 
 from distrl import losses, vtrace
@@ -187,9 +186,5 @@ def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     """Train IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is ImpalaConfig."""
     from distrl.runner import RunSettings, train_unroll_agent
 
-    settings = RunSettings(
-        env=cfg.env, distributed=cfg.distributed, log=cfg.log, checkpoint=cfg.checkpoint,
-        seed=cfg.seed, total_frames=cfg.total_frames, resume=cfg.resume,
-        config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)), kernel=cfg.kernel,
-    )
+    settings = RunSettings.from_config(cfg)
     return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

@@ -129,6 +129,11 @@ def main() -> None:
         f", {100 * statistics.median(waits):.3f}% of learner time waiting on replay")
     print(f"{cfg.agent.name} median: {median_fps:,.0f} env frames/s, "
           f"{statistics.median(ups):.3f} learner updates/s{shown} over {args.repeats} repeats")
+    if hasattr(cfg.agent, "trace_length"):  # R2D2: a batch is sequences of trained steps
+        per_s = statistics.median(ups) * cfg.agent.batch_size
+        print(f"learner: {per_s:,.1f} sequences/s ({per_s * cfg.agent.trace_length:,.0f} "
+              f"trained steps/s, plus {cfg.agent.burn_in} burn-in and {cfg.agent.n_step} "
+              f"bootstrap steps per sequence)")
     if is_atari(cfg.env.id):
         envs = max(dist.actors, 1) * dist.envs_per_actor
         ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1,

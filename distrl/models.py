@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 TORSOS = ("auto", "nature", "resnet", "mlp")
 
@@ -393,3 +394,91 @@ class DuelingQNet(nn.Module):
                 f"{', '.join(map(str, self.obs_shape))}], got {tuple(observations.shape)}"
             )
         return self.head(self.torso(observations))
+
+
+class RecurrentDuelingQNet(nn.Module):
+    """Torso -> LSTM -> dueling head over time-major sequences (R2D2, Kapturowski et al.
+    2019, Section 3: the Ape-X dueling network with an LSTM after the convolutions, fed
+    the torso's features, the previous action one-hot and the previous reward).
+
+    ``use_lstm=False`` puts a ReLU layer of the same width in the LSTM's place: the
+    feed-forward baseline with the same inputs.
+
+    Args:
+        obs_shape, num_actions: the env's.
+        torso, hidden_size, mlp_layers: see :func:`make_torso`.
+        use_lstm: the recurrent core (False: feed-forward).
+        lstm_size: LSTM width (R2D2: 512).
+        head_size: hidden width of each dueling stream.
+    """
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        num_actions: int,
+        torso: str = "auto",
+        hidden_size: int = 256,
+        mlp_layers: int = 2,
+        use_lstm: bool = True,
+        lstm_size: int = 512,
+        head_size: int = 512,
+    ) -> None:
+        super().__init__()
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.num_actions = num_actions
+        self.torso, features = make_torso(torso, self.obs_shape, hidden_size, mlp_layers)
+        self.torso_size = features
+        core_input = features + num_actions + 1
+        self.core: LSTMCore | None = LSTMCore(core_input, lstm_size) if use_lstm else None
+        self.feed_forward = None if use_lstm else nn.Sequential(
+            nn.Linear(core_input, lstm_size), nn.ReLU())
+        self.head = DuelingHead(lstm_size, num_actions, head_size)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """Zero ``(h, c)`` each ``[B, lstm_size]``; ``()`` when feed-forward."""
+        return () if self.core is None else self.core.initial_state(batch_size)
+
+    def state_from_flat(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Split ``[B, 2 lstm_size]`` (``h`` then ``c``, as stored in replay) into ``(h, c)``."""
+        if self.core is None:
+            return ()
+        h, c = flat.split(self.core.hidden_size, dim=-1)
+        return h.contiguous(), c.contiguous()
+
+    def forward(
+        self,
+        observations: torch.Tensor,
+        prev_actions: torch.Tensor,
+        prev_rewards: torch.Tensor,
+        core_state: tuple[torch.Tensor, ...],
+        resets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Q values of a time-major batch.
+
+        Args:
+            observations: ``[T, B, *obs_shape]``.
+            prev_actions: ``[T, B]`` int64, the action before each observation; -1: none
+                (an episode's first step), which gives an all-zero one-hot.
+            prev_rewards: ``[T, B]`` float, the reward before each observation.
+            core_state: from :meth:`initial_state`, :meth:`state_from_flat` or a
+                previous call.
+            resets: ``[T, B]`` bool or None; where True the state is zeroed before that
+                step (an episode starts there).
+        Returns:
+            ``(q [T, B, A], core_state after step T-1)``.
+        """
+        if observations.dim() < 2 or tuple(observations.shape[2:]) != self.obs_shape:
+            raise ValueError(
+                f"RecurrentDuelingQNet expects observations of shape [T, B, "
+                f"{', '.join(map(str, self.obs_shape))}], got {tuple(observations.shape)}"
+            )
+        steps, batch = observations.shape[:2]
+        features = self.torso(observations.flatten(0, 1)).view(steps, batch, self.torso_size)
+        one_hot = F.one_hot(prev_actions.clamp(min=0), self.num_actions).to(features.dtype)
+        one_hot = one_hot * (prev_actions >= 0).unsqueeze(-1).to(features.dtype)
+        x = torch.cat([features, one_hot, prev_rewards.unsqueeze(-1).to(features.dtype)], dim=-1)
+        if self.core is None:
+            return self.head(self.feed_forward(x)), ()
+        h, c = core_state
+        y, state = self.core(x, (h, c), resets)
+        return self.head(y), state

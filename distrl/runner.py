@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 from torch import nn
 
 from distrl import checkpoint, ops
@@ -79,6 +80,14 @@ class RunSettings:
     resume: str | None = None
     config_text: str = ""  # the resolved config, stored in tensorboard and checkpoints
     kernel: str = "auto"  # compiled ops or the torch reference (distrl.ops)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RunSettings:
+        """The settings of a :class:`distrl.config.RunConfig` (typed or an OmegaConf node)."""
+        return cls(env=cfg.env, distributed=cfg.distributed, log=cfg.log,
+                   checkpoint=cfg.checkpoint, seed=cfg.seed, total_frames=cfg.total_frames,
+                   resume=cfg.resume, config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+                   kernel=cfg.kernel)
 
 
 def seed_everything(seed: int) -> None:

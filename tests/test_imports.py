@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "weights": 1,
     "distributed": 1,
     "logging": 1,
+    "exploration": 1,
     "actor": 2,
     "inference": 2,
     "learner": 2,

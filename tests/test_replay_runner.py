@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from presets import compose_preset
 
-import agents
 from agents import apex
 from distrl.actor import ActorStats
 from distrl.checkpoint import load
-from distrl.config import register_configs
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.formats import NStepFormat
 from distrl.replay.samplers import PrioritizedSampler
@@ -24,21 +20,12 @@ from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
 from distrl.replay_runner import BatchSlots, Prefetcher
 
-REPO = Path(__file__).resolve().parents[1]
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 
 
 def preset(tmp_path, name: str, *overrides: str):
     """``python run.py +experiment=apex_cartpole`` as a typed config, writing under tmp_path."""
-    register_configs()
-    agents.register_configs()
-    with initialize_config_dir(str(REPO / "experiments"), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=apex_cartpole", *overrides])
-    cfg = OmegaConf.to_object(cfg)
-    cfg.log.dir, cfg.log.name, cfg.log.tensorboard = str(tmp_path), name, False
-    cfg.log.interval_s = 30.0
-    cfg.checkpoint.interval_s = 3600.0
-    return cfg
+    return compose_preset(tmp_path, "apex_cartpole", name, *overrides)
 
 
 def _batch(writer: NStepWriter, steps: int, seed: int):

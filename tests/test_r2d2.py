@@ -1,0 +1,267 @@
+"""R2D2: burn-in without gradient, trained-step masks, the transformed double-Q TD and
+sequence priorities by hand, staleness, the recurrent policy, config errors, resume
+with the sequence replay, and learning CartPole without velocities (slow)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from presets import compose_preset
+
+from agents import r2d2
+from agents.r2d2 import (
+    R2D2Config,
+    R2D2Loss,
+    RecurrentEpsilonGreedyPolicy,
+    sequence_td_errors,
+    trained_steps,
+    unroll,
+)
+from distrl.checkpoint import load
+from distrl.config import ConfigError
+from distrl.losses import value_rescale
+from distrl.models import RecurrentDuelingQNet
+from distrl.types import SequenceSample
+
+CARTPOLE_FRAMES = 200_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
+
+
+def small_model(seed: int = 0, use_lstm: bool = True) -> RecurrentDuelingQNet:
+    torch.manual_seed(seed)
+    return RecurrentDuelingQNet((3,), 2, hidden_size=8, mlp_layers=1, use_lstm=use_lstm,
+                                lstm_size=6, head_size=8)
+
+
+def random_sample(length: int = 9, batch: int = 4, seed: int = 0) -> SequenceSample:
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.ones(length, batch, dtype=torch.bool)
+    valid[:2, 1] = False  # padding before an episode's start
+    prev_actions = torch.randint(0, 2, (length, batch), generator=g)
+    prev_actions[2, 1] = -1
+    return SequenceSample(
+        indices=torch.arange(batch), weights=torch.rand(batch, generator=g) + 0.5,
+        observations=torch.randn(length, batch, 3, generator=g),
+        prev_actions=prev_actions, prev_rewards=torch.randn(length, batch, generator=g),
+        actions=torch.randint(0, 2, (length, batch), generator=g),
+        rewards=torch.randn(length, batch, generator=g),
+        terminated=torch.zeros(length, batch, dtype=torch.bool), valid=valid,
+        stored_state=torch.randn(batch, 12, generator=g),
+        start_state=torch.randn(batch, 12, generator=g))
+
+
+def test_burn_in_steps_receive_no_gradient():
+    model, batch, burn_in = small_model(), random_sample(), 4
+    batch.observations.requires_grad_(True)
+    q = unroll(model, batch, burn_in)
+    # A loss that depends only on the burned-in steps reaches no parameter and no input.
+    q[:burn_in].sum().backward(retain_graph=True)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    assert batch.observations.grad is None or not batch.observations.grad.any()
+    # The trained steps' loss reaches the parameters, and the inputs of trained steps only.
+    q[burn_in:].square().sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    grad = batch.observations.grad
+    assert not grad[:burn_in].any() and grad[burn_in:].abs().sum(dim=-1).gt(0).all()
+
+
+def test_burn_in_equals_starting_from_the_burned_in_state_as_a_constant():
+    model, batch, burn_in = small_model(), random_sample(), 4
+    q = unroll(model, batch, burn_in)
+    q[burn_in:].square().sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with torch.no_grad():
+        _, state = model(batch.observations[:burn_in], batch.prev_actions[:burn_in],
+                         batch.prev_rewards[:burn_in],
+                         model.state_from_flat(batch.stored_state), batch.resets[:burn_in])
+    rest, _ = model(batch.observations[burn_in:], batch.prev_actions[burn_in:],
+                    batch.prev_rewards[burn_in:], state, batch.resets[burn_in:])
+    rest.square().sum().backward()
+    assert torch.allclose(q[burn_in:], rest)
+    for got, want in zip((p.grad for p in model.parameters()), expected_grads, strict=True):
+        assert torch.allclose(got, want)
+
+
+def test_zero_state_ignores_the_stored_state():
+    model, batch = small_model(), random_sample()
+    other = dataclasses.replace(batch, stored_state=torch.randn(4, 12))
+    assert torch.equal(unroll(model, batch, 2, stored_state=False),
+                       unroll(model, other, 2, stored_state=False))
+    assert not torch.equal(unroll(model, batch, 2), unroll(model, other, 2))
+
+
+def test_trained_steps_hand_case():
+    """burn-in 1, m = 3, n = 2: slots 1..3 are trained, each needs slot t+2 or a
+    termination within [t, t+2)."""
+    valid = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0],
+                          [0, 0, 1, 1, 1, 1]], dtype=torch.bool).t()
+    terminated = torch.zeros(6, 4, dtype=torch.bool)
+    terminated[3, 2] = True
+    mask = trained_steps(valid, terminated, burn_in=1, trace_length=3, n=2)
+    assert mask.t().tolist() == [
+        [True, True, True],  # a whole episode
+        [True, False, False],  # truncated after slot 3: slots 2, 3 have no bootstrap
+        [True, True, True],  # terminated at slot 3: cut returns, no bootstrap needed
+        [False, True, True],  # padding before the episode's start
+    ]
+
+
+def test_transformed_double_q_td_and_priority_hand_case():
+    """No burn-in, m = 2, n = 1, gamma = 0.5, rewards [1, 2], actions [0, 1].
+    t=0: the online net picks a*=1 at slot 1, the target net says h(4) there:
+         y_0 = h(1 + 0.5 * 4) = h(3) = 1 + 0.003; q(s_0, 0) = 0.5 -> delta 0.503.
+    t=1: a*=0 at slot 2 (target h(8)): y_1 = h(2 + 0.5 * 8) = h(6) = sqrt(7) - 1 + 0.006;
+         q(s_1, 1) = 1 -> delta sqrt(7) - 1.994.
+    p = 0.9 max + 0.1 mean."""
+    h = value_rescale
+    q_online = torch.tensor([[[0.5, 9.0]], [[0.0, 1.0]], [[1.0, 0.0]]])
+    q_target = torch.tensor([[[0.0, 0.0]], [[5.0, float(h(torch.tensor(4.0)))]],
+                             [[float(h(torch.tensor(8.0))), 7.0]]])
+    batch = SequenceSample(
+        indices=torch.tensor([0]), weights=torch.ones(1), observations=torch.zeros(3, 1, 3),
+        prev_actions=torch.tensor([[-1], [0], [1]]), prev_rewards=torch.zeros(3, 1),
+        actions=torch.tensor([[0], [1], [0]]), rewards=torch.tensor([[1.0], [2.0], [0.0]]),
+        terminated=torch.zeros(3, 1, dtype=torch.bool), valid=torch.ones(3, 1, dtype=torch.bool),
+        stored_state=torch.zeros(1, 0), start_state=torch.zeros(1, 0))
+    td, mask = sequence_td_errors(q_online, q_target, batch, burn_in=0, trace_length=2, n=1,
+                                  discount=0.5, rescale_epsilon=1e-3)
+    deltas = [0.503, math.sqrt(7) - 1.994]
+    assert mask.flatten().tolist() == [True, True]
+    assert td.flatten().tolist() == pytest.approx(deltas, abs=1e-6)
+    from distrl.losses import sequence_priorities
+    priority = sequence_priorities(td.abs(), mask, 0.9)
+    assert priority.item() == pytest.approx(0.9 * max(deltas) + 0.1 * sum(deltas) / 2, abs=1e-6)
+
+
+def test_staleness_is_zero_for_the_burned_in_state_and_grows_with_the_gap():
+    model, batch = small_model(), random_sample()
+    loss = R2D2Loss(model, target_update_interval=10, burn_in=0, trace_length=5, n_step=2,
+                    discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
+    same = dataclasses.replace(batch, start_state=batch.stored_state)
+    q = unroll(model, same, 0).detach()
+    zero = loss.staleness(model, same, q)
+    assert zero["r2d2/q_staleness_first"] == 0.0 and zero["r2d2/q_staleness_last"] == 0.0
+    far = loss.staleness(model, dataclasses.replace(batch, start_state=batch.stored_state + 3),
+                         q)
+    assert far["r2d2/q_staleness_first"] > 0.01
+
+
+def test_loss_priorities_are_the_eta_mix_of_the_masked_td_errors():
+    model, batch = small_model(), random_sample(length=9)
+    loss = R2D2Loss(model, target_update_interval=10, burn_in=2, trace_length=5, n_step=2,
+                    discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
+    value, metrics, priorities = loss(model, batch)
+    q = unroll(model, batch, 2)
+    td, mask = sequence_td_errors(q, unroll(loss.target, batch, 2), batch, 2, 5, 2, 0.9, 1e-3)
+    for b in range(4):
+        errors = td[:, b][mask[:, b]].abs()
+        assert priorities[b].item() == pytest.approx(
+            0.9 * errors.max().item() + 0.1 * errors.mean().item(), rel=1e-5)
+    weighted = (batch.weights * 0.5 * td.square()).sum() / mask.sum()
+    assert value.item() == pytest.approx(weighted.item(), rel=1e-5)
+    assert "r2d2/q_staleness_first" in metrics  # measured on the first call
+
+
+def test_recurrent_policy_carries_the_state_and_feeds_the_last_action_and_reward():
+    model = small_model()
+    policy = RecurrentEpsilonGreedyPolicy(model, torch.zeros(3))  # greedy
+    observations = torch.randn(2, 3, 3)
+    first = policy(observations[0], policy.initial_state(3), torch.full((3,), -1),
+                   torch.zeros(3))
+    second = policy(observations[1], first.core_state, first.actions, torch.ones(3))
+    # The two steps as one sequence: same actions and the same final state.
+    q, state = model(observations, torch.stack([torch.full((3,), -1), first.actions]),
+                     torch.stack([torch.zeros(3), torch.ones(3)]), model.initial_state(3))
+    assert torch.equal(first.actions, q[0].argmax(-1))
+    assert torch.equal(second.actions, q[1].argmax(-1))
+    for got, want in zip(second.core_state, state, strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"overlap": 80}, r"agent.overlap \(80\) must be less than agent.trace_length \(80\)"),
+    ({"burn_in": -1}, "agent.burn_in"),
+    ({"priority_eta": 1.5}, "agent.priority_eta"),
+    ({"n_step": 0}, "agent.n_step"),
+    ({"replay_capacity": 32}, r"agent.replay_capacity \(32\) must be at least"),
+])
+def test_bad_config_names_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        R2D2Config(**overrides)
+
+
+def test_paper_defaults():
+    cfg = R2D2Config()
+    assert (cfg.trace_length, cfg.burn_in, cfg.overlap, cfg.period, cfg.n_step) == (
+        80, 40, 40, 40, 5)
+    assert (cfg.discount, cfg.batch_size, cfg.target_update_interval) == (0.997, 64, 2500)
+    assert (cfg.priority_eta, cfg.priority_alpha, cfg.priority_beta) == (0.9, 0.9, 0.6)
+    assert (cfg.model.use_lstm, cfg.model.lstm_size, cfg.rescale_epsilon) == (True, 512, 1e-3)
+    opt = cfg.optimizer
+    assert (opt.name, opt.lr, opt.eps, opt.lr_schedule) == ("adam", 1e-4, 1e-3, "constant")
+
+
+def preset(tmp_path, name: str, *overrides: str):
+    return compose_preset(tmp_path, "r2d2_cartpole", name, *overrides)
+
+
+def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
+    cfg = preset(tmp_path, "x")
+    assert isinstance(cfg.agent, R2D2Config) and cfg.env.id == "CartPoleNoVelocity-v1"
+    defaults = dataclasses.asdict(R2D2Config())
+    changed = {k for k, v in dataclasses.asdict(cfg.agent).items() if v != defaults[k]}
+    assert changed == {"trace_length", "overlap", "burn_in", "discount", "batch_size",
+                       "replay_capacity", "learning_starts", "target_update_interval",
+                       "actor_buffer", "weight_sync_steps", "replay_ratio", "epsilon_base",
+                       "staleness_interval", "model", "optimizer"}
+
+
+def test_resume_with_the_sequence_replay_continues_bit_exactly(tmp_path):
+    """Stop after 3 updates with checkpoint.replay=true and resume to 6 == 6 updates in one
+    go: the first actor batch's credit covers them, so the learner's inputs come only from
+    the checkpoint (model, optimizer, target network, sequence replay, the drawn batch)."""
+    common = ("agent.learning_starts=20", "agent.actor_buffer=100", "agent.replay_ratio=4.0",
+              "distributed.envs_per_actor=4", "total_frames=1000000", "checkpoint.replay=true")
+    full = r2d2.run(preset(tmp_path, "full", *common), should_stop=lambda u: u >= 6)
+    part = r2d2.run(preset(tmp_path, "part", *common), should_stop=lambda u: u >= 3)
+    saved = load(part["checkpoint"])
+    assert saved["replay"]["inserted"] == part["inserted"] >= 20
+    resumed_cfg = preset(tmp_path, "part", *common)
+    resumed_cfg.resume = part["checkpoint"]
+    resumed = r2d2.run(resumed_cfg, should_stop=lambda u: u >= 6)
+    assert resumed["updates"] == full["updates"] == 6
+    assert resumed["inserted"] == full["inserted"]
+    a, b = load(full["checkpoint"]), load(resumed["checkpoint"])
+    for name, value in a["learner"]["model"].items():
+        assert torch.equal(value, b["learner"]["model"][name]), name
+    assert torch.equal(a["replay"]["sampler"]["tree"]["tree"],
+                       b["replay"]["sampler"]["tree"]["tree"])
+
+
+def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
+    result = r2d2.run(preset(tmp_path, "short", "total_frames=400", "checkpoint.replay=true"))
+    assert result["updates"] == 0 and 400 <= result["frames"] < 800
+    assert load(result["checkpoint"])["replay"]["inserted"] == result["inserted"] > 0
+
+
+@pytest.mark.slow
+def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
+    """The same budget and settings; only the LSTM is swapped for a ReLU layer."""
+    recurrent = r2d2.run(preset(tmp_path, "lstm"))
+    feed_forward = r2d2.run(preset(tmp_path, "ff", "agent.model.use_lstm=false"))
+    for result in (recurrent, feed_forward):
+        assert result["frames"] >= CARTPOLE_FRAMES
+    assert recurrent["mean_return_20"] >= 400, recurrent["returns"][-20:]
+    assert feed_forward["mean_return_20"] < 400, feed_forward["returns"][-20:]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
+    result = r2d2.run(preset(tmp_path, "actors", "distributed.actors=2",
+                             "distributed.envs_per_actor=4"))
+    assert result["frames"] >= CARTPOLE_FRAMES
+    assert result["mean_return_20"] >= 400, result["returns"][-20:]
