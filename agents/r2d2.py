@@ -196,8 +196,8 @@ def sequence_td_errors(
 
 
 class R2D2Loss:
-    """Squared TD error on the trained steps, importance-weighted per sequence, averaged
-    over the steps that count; returns the eta-mixed sequence priorities. Holds the
+    """Squared TD error summed over the trained steps, importance-weighted per sequence and
+    averaged over sequences; returns the eta-mixed sequence priorities. Holds the
     target network (copied every ``target_update_interval`` calls) and every
     ``staleness_interval`` calls measures the recurrent-state staleness of Section 3:
     ``||q(h_stored) - q(h_burned_in)||_2 / |max_a q(h_burned_in)|`` at the first and the
@@ -229,7 +229,9 @@ class R2D2Loss:
                                       self.trace_length, self.n_step, self.discount,
                                       self.rescale_epsilon)
         weights = batch.weights.to(td.dtype).unsqueeze(0)
-        loss = (weights * 0.5 * td.square()).sum() / mask.sum().clamp(min=1)
+        # Summed over a sequence's steps, averaged over sequences (as Acme's R2D2 does);
+        # Adam's eps of 1e-3 is large next to per-step gradients.
+        loss = (weights * 0.5 * td.square()).sum(dim=0).mean()
         priorities = losses.sequence_priorities(td.detach().abs(), mask, self.priority_eta)
         metrics = {
             "loss/td_squared": float(loss.detach()),

@@ -217,6 +217,9 @@ class RunConfig:
     # V-trace and sum-tree ops: compiled distrl._C where built (auto), only compiled
     # (refused if missing), or the pure-torch reference; the run logs which path it took.
     kernel: str = "auto"
+    # End the run once the mean raw return of the last 20 episodes reaches this (a task's
+    # "solved" level, e.g. 475 for CartPole-v1); None: run the whole frame budget.
+    stop_at_return: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_positive("total_frames", self.total_frames)

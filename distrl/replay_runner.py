@@ -58,6 +58,7 @@ from distrl.runner import (
     make_run_dir,
     optimizer_for,
     probe_env,
+    reached_return,
     restore_learner,
     seed_everything,
 )
@@ -516,8 +517,8 @@ def train_replay_agent(
                 logger.add("learner/replay_wait_s", waited)
                 logger.add("learner/data_wait_s", data_wait)
                 collect_stats()
-                stop_now = signals.requested or (should_stop is not None
-                                                 and should_stop(learner.updates))
+                stop_now = (signals.requested or reached_return(settings, logger)
+                            or (should_stop is not None and should_stop(learner.updates)))
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
                     now = time.monotonic()
                     span = max(now - report[4], 1e-9)

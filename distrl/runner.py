@@ -80,6 +80,7 @@ class RunSettings:
     resume: str | None = None
     config_text: str = ""  # the resolved config, stored in tensorboard and checkpoints
     kernel: str = "auto"  # compiled ops or the torch reference (distrl.ops)
+    stop_at_return: float | None = None  # end once the last 20 episodes' mean reaches it
 
     @classmethod
     def from_config(cls, cfg: Any) -> RunSettings:
@@ -87,7 +88,14 @@ class RunSettings:
         return cls(env=cfg.env, distributed=cfg.distributed, log=cfg.log,
                    checkpoint=cfg.checkpoint, seed=cfg.seed, total_frames=cfg.total_frames,
                    resume=cfg.resume, config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
-                   kernel=cfg.kernel)
+                   kernel=cfg.kernel, stop_at_return=cfg.stop_at_return)
+
+
+def reached_return(settings: RunSettings, logger: MetricLogger) -> bool:
+    """Whether ``settings.stop_at_return`` is set and the last 20 episodes' mean raw
+    return reached it."""
+    return (settings.stop_at_return is not None and len(logger.recent_returns) >= 20
+            and logger.mean_recent_return(20) >= settings.stop_at_return)
 
 
 def seed_everything(seed: int) -> None:
@@ -536,8 +544,8 @@ def train_unroll_agent(
                 logger.add("learner/policy_lag", lag)
                 logger.add("learner/batch_wait_s", waited)
                 collect_stats()
-                stop_now = signals.requested or (should_stop is not None
-                                                 and should_stop(learner.updates))
+                stop_now = (signals.requested or reached_return(settings, logger)
+                            or (should_stop is not None and should_stop(learner.updates)))
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
                     now = time.monotonic()
                     span = max(now - report_time, 1e-9)

@@ -138,6 +138,16 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert resumed["run_dir"] == part["run_dir"]
 
 
+def test_stop_at_return_ends_the_run_once_the_last_20_episodes_reach_it(tmp_path):
+    # Every CartPole episode returns at least 8: the run ends at the first update after
+    # 20 episodes instead of running its 100k frames.
+    cfg = dataclasses.replace(cartpole_config(tmp_path, "solved", total_frames=100_000),
+                              stop_at_return=8.0)
+    result = impala.run(cfg)
+    assert result["mean_return_20"] >= 8.0 and len(result["returns"]) >= 20
+    assert result["frames"] < 5_000
+
+
 @pytest.mark.slow
 def test_learns_cartpole_in_one_process(tmp_path):
     result = impala.run(cartpole_config(tmp_path, "serial", actors=0))

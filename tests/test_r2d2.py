@@ -160,7 +160,7 @@ def test_loss_priorities_are_the_eta_mix_of_the_masked_td_errors():
         errors = td[:, b][mask[:, b]].abs()
         assert priorities[b].item() == pytest.approx(
             0.9 * errors.max().item() + 0.1 * errors.mean().item(), rel=1e-5)
-    weighted = (batch.weights * 0.5 * td.square()).sum() / mask.sum()
+    weighted = (batch.weights * 0.5 * td.square()).sum() / 4  # summed over steps
     assert value.item() == pytest.approx(weighted.item(), rel=1e-5)
     assert "r2d2/q_staleness_first" in metrics  # measured on the first call
 
@@ -249,19 +249,22 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
 
 @pytest.mark.slow
 def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
-    """The same budget and settings; only the LSTM is swapped for a ReLU layer."""
-    recurrent = r2d2.run(preset(tmp_path, "lstm"))
-    feed_forward = r2d2.run(preset(tmp_path, "ff", "agent.model.use_lstm=false"))
-    for result in (recurrent, feed_forward):
-        assert result["frames"] >= CARTPOLE_FRAMES
+    """The same budget and settings, only the LSTM swapped for a ReLU layer: the recurrent
+    agent's last 20 episodes reach a mean of 400 within the budget (the run then stops),
+    the feed-forward agent's never do."""
+    recurrent = r2d2.run(preset(tmp_path, "lstm", "stop_at_return=400"))
+    feed_forward = r2d2.run(preset(tmp_path, "ff", "stop_at_return=400",
+                                   "agent.model.use_lstm=false"))
     assert recurrent["mean_return_20"] >= 400, recurrent["returns"][-20:]
+    assert recurrent["frames"] < CARTPOLE_FRAMES
+    assert feed_forward["frames"] >= CARTPOLE_FRAMES
     assert feed_forward["mean_return_20"] < 400, feed_forward["returns"][-20:]
 
 
 @pytest.mark.slow
 @pytest.mark.dist
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
-    result = r2d2.run(preset(tmp_path, "actors", "distributed.actors=2",
+    result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=400", "distributed.actors=2",
                              "distributed.envs_per_actor=4"))
-    assert result["frames"] >= CARTPOLE_FRAMES
     assert result["mean_return_20"] >= 400, result["returns"][-20:]
+    assert result["frames"] < CARTPOLE_FRAMES

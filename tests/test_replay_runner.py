@@ -172,6 +172,14 @@ def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
                        "replay_ratio", "epsilon_base", "optimizer"}
 
 
+def test_stop_at_return_ends_the_run_once_the_last_20_episodes_reach_it(tmp_path):
+    # Every CartPole episode returns at least 8, so the run ends at the first update
+    # after 20 episodes; without the setting it would run to total_frames.
+    result = apex.run(preset(tmp_path, "solved", "stop_at_return=8.0"))
+    assert result["mean_return_20"] >= 8.0 and len(result["returns"]) >= 20
+    assert result["frames"] < 3000 and result["updates"] >= 1
+
+
 def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
     result = apex.run(preset(tmp_path, "short", "total_frames=500", "checkpoint.replay=true"))
     assert result["updates"] == 0 and 500 <= result["frames"] < 1000
