@@ -61,7 +61,9 @@ class R2D2Config:
     discount: float = 0.997
     rescale_epsilon: float = 1e-3  # the eps of h(x) = sign(x)(sqrt(|x|+1)-1) + eps x
     batch_size: int = 64  # sequences per learner update
-    replay_capacity: int = 100_000  # sequences (4M observations at 40 new steps each)
+    # Sequences. The paper keeps 10^5 (4M observations, 28 GiB of Atari frames); half of
+    # that fits a 24 GiB machine. Set 100_000 where memory allows.
+    replay_capacity: int = 50_000
     learning_starts: int = 2_500  # sequences stored before the first update
     target_update_interval: int = 2_500  # learner updates between target-network copies
     priority_eta: float = 0.9  # p = eta max|delta| + (1 - eta) mean|delta|

@@ -26,7 +26,7 @@ from distrl.losses import value_rescale
 from distrl.models import RecurrentDuelingQNet
 from distrl.types import SequenceSample
 
-CARTPOLE_FRAMES = 200_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
+CARTPOLE_FRAMES = 300_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
 
 
 def small_model(seed: int = 0, use_lstm: bool = True) -> RecurrentDuelingQNet:

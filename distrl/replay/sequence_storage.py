@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 
 from distrl.config import check_count
+from distrl.replay.storage import allocate_frames
 from distrl.types import SequenceBatch, SequenceSample
 
 _STEP_FIELDS = ("prev_actions", "prev_rewards", "actions", "rewards", "terminated", "valid")
@@ -58,7 +59,7 @@ class SequenceStorage:
         self.frame_shape, self.frame_stack = tuple(frame_shape), frame_stack
         self.frame_capacity, self.stream_window = frame_capacity, stream_window
         stack = frame_stack or 1
-        self.frames = torch.empty((frame_capacity, *self.frame_shape), dtype=frame_dtype)
+        self.frames = allocate_frames(frame_capacity, self.frame_shape, frame_dtype)
         self.observation_ids = torch.zeros(capacity, length, stack, dtype=torch.int64)
         self.prev_actions = torch.zeros(capacity, length, dtype=torch.int64)
         self.prev_rewards = torch.zeros(capacity, length)

@@ -21,6 +21,7 @@ them before it could ever hand out a transition whose frames are gone.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any, Optional
 
@@ -28,6 +29,20 @@ import torch
 
 from distrl.config import check_count
 from distrl.types import SampleBatch, TransitionBatch
+
+
+def allocate_frames(frame_capacity: int, frame_shape: tuple[int, ...],
+                    frame_dtype: torch.dtype) -> torch.Tensor:
+    """The uninitialised frame ring: a row is read only after it is written, and the pages
+    of a large ring are committed as they fill rather than all at start. Raises one clear
+    error when the machine cannot reserve it."""
+    try:
+        return torch.empty((frame_capacity, *frame_shape), dtype=frame_dtype)
+    except RuntimeError as error:
+        size = frame_capacity * math.prod(frame_shape) * frame_dtype.itemsize
+        raise MemoryError(f"the replay's frame ring ({frame_capacity:,} frames of "
+                          f"{list(frame_shape)} {frame_dtype}, {size / 2**30:.1f} GiB) cannot "
+                          f"be allocated on this machine: lower agent.replay_capacity") from error
 
 
 class TransitionStorage:
@@ -66,9 +81,7 @@ class TransitionStorage:
         self.frame_shape = tuple(frame_shape)
         self.frame_stack = frame_stack
         stack = frame_stack or 1
-        # Uninitialised: a row is read only after it is written, and the pages of a large
-        # ring are committed as they fill rather than all at start.
-        self.frames = torch.empty((frame_capacity, *self.frame_shape), dtype=frame_dtype)
+        self.frames = allocate_frames(frame_capacity, self.frame_shape, frame_dtype)
         self.observation_ids = torch.zeros(capacity, stack, dtype=torch.int64)
         self.next_observation_ids = torch.zeros(capacity, stack, dtype=torch.int64)
         self.actions = torch.zeros(capacity, dtype=torch.int64)
