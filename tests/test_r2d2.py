@@ -221,9 +221,10 @@ def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
 
 def test_resume_with_the_sequence_replay_continues_bit_exactly(tmp_path):
     """Stop after 3 updates with checkpoint.replay=true and resume to 6 == 6 updates in one
-    go: the first actor batch's credit covers them, so the learner's inputs come only from
-    the checkpoint (model, optimizer, target network, sequence replay, the drawn batch)."""
-    common = ("agent.learning_starts=20", "agent.actor_buffer=100", "agent.replay_ratio=4.0",
+    go: the first actor batch (42 sequences, credit 8 x 42 / 32 = 10.5 updates) covers
+    them, so the learner's inputs come only from the checkpoint (model, optimizer, target
+    network, sequence replay, the drawn batch)."""
+    common = ("agent.learning_starts=20", "agent.actor_buffer=100", "agent.replay_ratio=8.0",
               "distributed.envs_per_actor=4", "total_frames=1000000", "checkpoint.replay=true")
     full = r2d2.run(preset(tmp_path, "full", *common), should_stop=lambda u: u >= 6)
     part = r2d2.run(preset(tmp_path, "part", *common), should_stop=lambda u: u >= 3)
