@@ -248,6 +248,10 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
     assert load(result["checkpoint"])["replay"]["inserted"] == result["inserted"] > 0
 
 
+def best_mean_20(returns: list[float]) -> float:
+    return max(sum(returns[i:i + 20]) / 20 for i in range(len(returns) - 19))
+
+
 @pytest.mark.slow
 def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
     """The same budget and settings, only the LSTM swapped for a ReLU layer: the recurrent
@@ -256,6 +260,10 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
     recurrent = r2d2.run(preset(tmp_path, "lstm", "stop_at_return=400"))
     feed_forward = r2d2.run(preset(tmp_path, "ff", "stop_at_return=400",
                                    "agent.model.use_lstm=false"))
+    print(f"LSTM: mean {recurrent['mean_return_20']:.1f} at {recurrent['frames']:,} frames; "
+          f"feed-forward: mean {feed_forward['mean_return_20']:.1f} at "
+          f"{feed_forward['frames']:,} frames, best 20-episode mean "
+          f"{best_mean_20(feed_forward['returns']):.1f} of its last 100 episodes")
     assert recurrent["mean_return_20"] >= 400, recurrent["returns"][-20:]
     assert recurrent["frames"] < CARTPOLE_FRAMES
     assert feed_forward["frames"] >= CARTPOLE_FRAMES
@@ -267,5 +275,6 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
     result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=400", "distributed.actors=2",
                              "distributed.envs_per_actor=4"))
+    print(f"2 actors: mean {result['mean_return_20']:.1f} at {result['frames']:,} frames")
     assert result["mean_return_20"] >= 400, result["returns"][-20:]
     assert result["frames"] < CARTPOLE_FRAMES
