@@ -273,12 +273,13 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 @pytest.mark.slow
 @pytest.mark.dist
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
-    """With 2 actor processes the same budget is not yet enough for 400: measured 364.6
-    after 300k frames and rising (issue 5 stays open on this point). The test holds what
-    was measured with margin (the agent learns across processes) and that the replay
-    ratio holds there."""
-    result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=400", "distributed.actors=2",
+    """With 2 actor processes the same budget is not enough for a stable 400 (issue 5
+    stays open on this point): two runs peaked at last-20 means of 364.6 and 351.6 and
+    ended at 364.6 and 210.2. Both crossed 300, which this test holds (the run stops
+    there), with the replay ratio across processes."""
+    result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=300", "distributed.actors=2",
                              "distributed.envs_per_actor=4"))
     print(f"2 actors: mean {result['mean_return_20']:.1f} at {result['frames']:,} frames")
-    assert result["mean_return_20"] >= 250, result["returns"][-20:]
+    assert result["mean_return_20"] >= 300, result["returns"][-20:]
+    assert result["frames"] < CARTPOLE_FRAMES
     assert result["sampled"] == pytest.approx(4.0 * result["inserted"], rel=0.05)
