@@ -274,8 +274,8 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 @pytest.mark.dist
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
     """With 2 actor processes the same budget is not enough for a stable 400 (issue 5
-    stays open on this point): three runs first crossed a last-20 mean of 300 at 230k,
-    225k and 291k steps, and one ended at 210.2. The test stops the run at 250, which
+    stays open on this point): three runs crossed a last-20 mean of 300 (by 294k, 225k
+    and 291k steps), and one of them ended at 210.2. The test stops the run at 250, which
     all three crossed with margin, and checks the replay ratio across processes."""
     result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=250", "distributed.actors=2",
                              "distributed.envs_per_actor=4"))
