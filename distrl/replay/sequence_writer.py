@@ -35,6 +35,7 @@ from typing import Any, Optional
 import torch
 
 from distrl.config import check_count
+from distrl.replay.writers import check_step_inputs
 from distrl.types import SequenceBatch, SequenceSample
 
 FrameIds = tuple[int, ...]
@@ -168,16 +169,7 @@ class SequenceWriter:
         """
         if self._observation_shape is None:
             raise RuntimeError("SequenceWriter.add before begin")
-        for name, x in (("actions", actions), ("rewards", rewards), ("terminated", terminated),
-                        ("truncated", truncated)):
-            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (self.num_envs,):
-                raise ValueError(f"{name} must be a tensor of shape [{self.num_envs}] "
-                                 f"(one per env), got {getattr(x, 'shape', type(x).__name__)}")
-        if actions.is_floating_point() or actions.dtype == torch.bool:
-            raise ValueError(f"actions must be an integer tensor, got {actions.dtype}")
-        for name, x in (("terminated", terminated), ("truncated", truncated)):
-            if x.dtype != torch.bool:
-                raise ValueError(f"{name} must be torch.bool, got {x.dtype}")
+        check_step_inputs(self.num_envs, actions, rewards, terminated, truncated)
         self._check_observations(observations)
         states = self._check_state(core_state)
 

@@ -75,6 +75,25 @@ def _check_frame_stack(frame_stack: int | None) -> None:
         raise ValueError(f"frame_stack must be None or an int >= 1, got {frame_stack!r}")
 
 
+def check_step_inputs(num_envs: int, actions: torch.Tensor, rewards: torch.Tensor,
+                      terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+    """One batched env step's per-env inputs, as every writer's ``add`` takes them: ``[N]``
+    tensors, integer actions, bool end flags; a ValueError names the argument."""
+    for name, x, dtype in (("actions", actions, None), ("rewards", rewards, None),
+                           ("terminated", terminated, torch.bool),
+                           ("truncated", truncated, torch.bool)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != (num_envs,):
+            raise ValueError(f"{name} must have shape [{num_envs}] (one per env), "
+                             f"got {list(x.shape)}")
+        if dtype is not None and x.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {x.dtype}")
+        if name == "actions" and (x.is_floating_point() or x.is_complex()
+                                  or x.dtype == torch.bool):
+            raise ValueError(f"actions must be an integer tensor, got {x.dtype}")
+
+
 class NStepWriter:
     """Turns ``num_envs`` batched env steps into n-step transitions (see the module docstring).
 
@@ -164,12 +183,7 @@ class NStepWriter:
         """
         if self._observation_shape is None:
             raise RuntimeError("NStepWriter.add before begin")
-        self._check_per_env("actions", actions)
-        if actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool:
-            raise ValueError(f"actions must be an integer tensor, got {actions.dtype}")
-        self._check_per_env("rewards", rewards)
-        self._check_per_env("terminated", terminated, torch.bool)
-        self._check_per_env("truncated", truncated, torch.bool)
+        check_step_inputs(self.num_envs, actions, rewards, terminated, truncated)
         self._check_observations(observations)
 
         ended_mask = terminated | truncated
@@ -318,15 +332,6 @@ class NStepWriter:
                          for obs, next_obs, action, return_, discount in state["emitted"]]
 
     # ------------------------------------------------------------------ checks
-
-    def _check_per_env(self, name: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if tuple(x.shape) != (self.num_envs,):
-            raise ValueError(f"{name} must have shape [{self.num_envs}] (one per env), "
-                             f"got {list(x.shape)}")
-        if dtype is not None and x.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {x.dtype}")
 
     def _check_observations(self, observations: torch.Tensor) -> None:
         if not isinstance(observations, torch.Tensor):
