@@ -26,7 +26,7 @@ from distrl.losses import value_rescale
 from distrl.models import RecurrentDuelingQNet
 from distrl.types import SequenceSample
 
-CARTPOLE_FRAMES = 300_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
+CARTPOLE_FRAMES = 400_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
 
 
 def small_model(seed: int = 0, use_lstm: bool = True) -> RecurrentDuelingQNet:
@@ -273,10 +273,13 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 @pytest.mark.slow
 @pytest.mark.dist
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
-    """With 2 actor processes the same budget is not enough for a stable 400 (issue 5
-    stays open on this point): three runs crossed a last-20 mean of 300 (by 294k, 225k
-    and 291k steps), and one of them ended at 210.2. The test stops the run at 250, which
-    all three crossed with margin, and checks the replay ratio across processes."""
+    """The same settings and budget with 2 actor processes (4 envs each, the same 8
+    epsilons). Runs differ (actors race the learner) and 400 is not reached every time
+    (issue 5 stays open on this point): of 7 tuning runs with the linearly decaying rate
+    (seeds 0-3 with a 10k-sequence replay, 0, 3 and 4 with this 40k one), 5 crossed 400
+    (at 148k-250k steps) and 2 rose past 250 and wavered below 400 (peaks 371 and 351) to
+    the end of the budget. The test stops the run at 250, which all 7 crossed by 152k
+    steps, and checks that the learner kept the replay ratio across processes."""
     result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=250", "distributed.actors=2",
                              "distributed.envs_per_actor=4"))
     print(f"2 actors: mean {result['mean_return_20']:.1f} at {result['frames']:,} frames")
