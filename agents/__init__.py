@@ -1,4 +1,5 @@
-"""Agent registry: name -> module. Agents import distrl only, never each other."""
+"""Agent registry: name -> module. Agents import distrl only, never each other, except
+SEED, which trains with another agent's learner (SEED-IMPALA imports agents.impala)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ AGENTS = {
     "impala": ("agents.impala", "ImpalaConfig"),
     "apex": ("agents.apex", "ApexConfig"),
     "r2d2": ("agents.r2d2", "R2D2Config"),
+    "seed": ("agents.seed", "SeedConfig"),
 }
 
 

@@ -107,6 +107,17 @@ def acquire_slot(pool: SlotPool, should_stop: Callable[[], bool], stats: ActorSt
                 raise ActorStopped from None
 
 
+def count_step(stats: ActorStats, env_step: EnvStep, frames_per_step: int) -> None:
+    """Add one batched step's steps, frames and finished episodes to ``stats``."""
+    n = env_step.rewards.shape[0]
+    stats.steps += n
+    stats.frames += n * frames_per_step
+    done = env_step.dones
+    if done.any():
+        stats.episode_returns.extend(env_step.episode_returns[done].tolist())
+        stats.episode_lengths.extend(env_step.episode_lengths[done].tolist())
+
+
 class UnrollSink:
     """Writes T-step unrolls of one env group into slots of a :class:`SlotPool`.
 
@@ -155,6 +166,14 @@ class UnrollSink:
         if self.t == self.unroll_length:
             self.pool.commit(i)
             self.begin(observations, core_state)
+
+    def abort(self) -> None:
+        """Drop the unroll being written (its envs are gone): the slot goes back to the
+        free list uncommitted, so the learner never sees a half-written unroll."""
+        if self.index >= 0:
+            self.pool.release([self.index])
+        self.index = -1
+        self.t = 0
 
 
 class TransitionSink:
@@ -212,15 +231,39 @@ class EnvGroup:
     """One batch of environments stepped together, its sink and its acting state.
 
     ``policy`` overrides the actor's policy for this group (Ape-X: each group acts with
-    its own slice of the exploration-rate ladder).
+    its own slice of the exploration-rate ladder). ``env`` is None where the envs step in
+    another process and only their steps arrive here (SEED's inference server).
     """
 
-    env: VectorEnv
+    env: VectorEnv | None
     sink: Sink
     core_state: tuple[torch.Tensor, ...] = ()
     policy: Policy | None = None
     last_actions: torch.Tensor | None = None  # [N] before the current observations; -1: none
     last_rewards: torch.Tensor | None = None  # [N] before the current observations
+
+    def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
+        """Episodes start in every env: initial state, no previous action or reward."""
+        n = observations.shape[0]
+        self.core_state = core_state
+        self.last_actions = torch.full((n,), -1, dtype=torch.int64)
+        self.last_rewards = torch.zeros(n)
+        self.sink.begin(observations, core_state)
+
+    def observe(self, env_step: EnvStep) -> None:
+        """Record a step's outcome: the state of ended episodes is zeroed before the sink
+        stores it, and the next observation's previous action/reward become -1/0 there."""
+        self.core_state = reset_core_state(self.core_state, env_step.dones)
+        dones = torch.from_numpy(env_step.dones)
+        self.last_actions = self.last_actions.masked_fill(dones, -1)
+        self.last_rewards = torch.from_numpy(env_step.rewards).float().masked_fill(dones, 0.0)
+        self.sink.observe(env_step, self.core_state)
+
+    def acted(self, output: PolicyOutput, version: int) -> None:
+        """Keep the policy's new state and actions and hand them to the sink."""
+        self.core_state = output.core_state
+        self.last_actions = output.actions
+        self.sink.act(output, version)
 
 
 class Actor:
@@ -250,10 +293,8 @@ class Actor:
         """Reset every env, open each sink and send the first actions."""
         for group in self.groups:
             observations = torch.from_numpy(group.env.reset())
-            group.core_state = (group.policy or self.policy).initial_state(group.env.num_envs)
-            group.last_actions = torch.full((group.env.num_envs,), -1, dtype=torch.int64)
-            group.last_rewards = torch.zeros(group.env.num_envs)
-            group.sink.begin(observations, group.core_state)
+            group.begin(observations,
+                        (group.policy or self.policy).initial_state(group.env.num_envs))
             self._act(group, observations)
         self._started = True
 
@@ -265,12 +306,8 @@ class Actor:
             start = time.perf_counter()
             env_step = group.env.recv()
             self.stats.env_wait_s += time.perf_counter() - start
-            group.core_state = reset_core_state(group.core_state, env_step.dones)
-            dones = torch.from_numpy(env_step.dones)
-            group.last_actions = group.last_actions.masked_fill(dones, -1)
-            group.last_rewards = torch.from_numpy(env_step.rewards).float().masked_fill(dones, 0.0)
-            group.sink.observe(env_step, group.core_state)
-            self._count(group.env, env_step)
+            group.observe(env_step)
+            count_step(self.stats, env_step, group.env.frames_per_step)
             self._act(group, torch.from_numpy(env_step.observations))
 
     def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:
@@ -280,18 +317,8 @@ class Actor:
                                                group.last_actions, group.last_rewards)
         self.stats.policy_s += time.perf_counter() - start
         self.stats.policy_version = version
-        group.core_state = output.core_state
-        group.last_actions = output.actions
-        group.sink.act(output, version)
+        group.acted(output, version)
         group.env.send(output.actions.numpy())
-
-    def _count(self, env: VectorEnv, env_step: EnvStep) -> None:
-        self.stats.steps += env.num_envs
-        self.stats.frames += env.num_envs * env.frames_per_step
-        done = env_step.dones
-        if done.any():
-            self.stats.episode_returns.extend(env_step.episode_returns[done].tolist())
-            self.stats.episode_lengths.extend(env_step.episode_lengths[done].tolist())
 
     def close(self) -> None:
         for group in self.groups:

@@ -356,6 +356,11 @@ def _check_count(name: str, value: Any) -> None:
         raise ConfigError(f"{name} must be positive, got {value!r}")
 
 
+def env_seed(seed: int, actor_id: int, group: int, groups: int, envs_per_group: int) -> int:
+    """Seed of env 0 of a group; env i gets this + i, so no two envs share a seed."""
+    return seed * 1_000_003 + (actor_id * groups + group) * envs_per_group
+
+
 def make_envs(cfg: EnvConfig, num_envs: int, seed: int, num_threads: int = 1) -> VectorEnv:
     """``num_envs`` environments of ``cfg.id`` as one :class:`VectorEnv`.
 

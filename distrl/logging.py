@@ -13,6 +13,8 @@ import time
 from collections import defaultdict
 from typing import TextIO
 
+import numpy as np
+
 
 class MetricLogger:
     """Accumulates scalars between reports; writes means to tensorboard and one console line.
@@ -35,6 +37,7 @@ class MetricLogger:
         self.stream = stream
         self._sums: dict[str, float] = defaultdict(float)
         self._counts: dict[str, int] = defaultdict(int)
+        self._histograms: dict[str, list[float]] = defaultdict(list)
         self._last_report = time.monotonic()
         self._writer = None
         if log_dir is not None:
@@ -53,6 +56,10 @@ class MetricLogger:
     def add_many(self, metrics: dict[str, float], prefix: str = "") -> None:
         for name, value in metrics.items():
             self.add(prefix + name, value)
+
+    def add_histogram(self, name: str, values: list[float]) -> None:
+        """Accumulate samples of a distribution; its histogram is written at the next report."""
+        self._histograms[name].extend(values)
 
     def episode(self, episode_return: float, length: int, frames: int) -> None:
         """Write one finished episode's raw return and length at ``frames``."""
@@ -77,11 +84,15 @@ class MetricLogger:
         if self._writer is not None:
             for name, value in means.items():
                 self._writer.add_scalar(name, value, frames)
+            for name, values in self._histograms.items():
+                if values:
+                    self._writer.add_histogram(name, np.asarray(values), frames)
             self._writer.flush()
         shown = " ".join(f"{name.split('/')[-1]}={_fmt(value)}" for name, value in headline.items())
         print(f"[distrl] frames={frames} {shown}", file=self.stream or sys.stdout, flush=True)
         self._sums.clear()
         self._counts.clear()
+        self._histograms.clear()
         self._last_report = time.monotonic()
         return means
 

@@ -55,6 +55,7 @@ class SlotPool:
             raise ValueError(f"num_slots must be positive, got {num_slots}")
         self.specs = dict(specs)
         self.num_slots = num_slots
+        self.mp_context = mp_context
         self.buffers = {
             name: torch.full((num_slots, *spec.shape), sentinel_for(spec.dtype), dtype=spec.dtype)
             for name, spec in self.specs.items()

@@ -39,7 +39,7 @@ from torch import nn
 from distrl import checkpoint
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
 from distrl.config import OptimizerConfig
-from distrl.envs import is_atari, make_envs
+from distrl.envs import env_seed, is_atari, make_envs
 from distrl.learner import Learner, make_lr_schedule
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
@@ -52,7 +52,6 @@ from distrl.runner import (
     RunSettings,
     StopFlag,
     check_kernel,
-    env_seed,
     final_checkpoint,
     log_actor_stats,
     make_run_dir,

@@ -39,7 +39,7 @@ from distrl.config import (
     LogConfig,
     OptimizerConfig,
 )
-from distrl.envs import make_envs
+from distrl.envs import env_seed, make_envs
 from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
@@ -102,11 +102,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def env_seed(seed: int, actor_id: int, group: int, groups: int, envs_per_group: int) -> int:
-    """Seed of env 0 of a group; env i gets this + i, so no two envs share a seed."""
-    return seed * 1_000_003 + (actor_id * groups + group) * envs_per_group
 
 
 def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str, Any] | None]:
@@ -262,7 +257,7 @@ def build_actor(
         seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
         groups.append(EnvGroup(env, UnrollSink(pool, parts.unroll_length, stats, should_stop)))
-    version = 0
+    version = -1  # -1: the first call loads the learner's weights (version 0), as in replay_runner
 
     def pull_weights() -> int:
         nonlocal version
@@ -374,6 +369,105 @@ class ActorProcesses:
                 p.join(timeout=5)
 
 
+@dataclass
+class SourceContext:
+    """What an experience source is built from (see :class:`ActorSource`)."""
+
+    parts: UnrollAgentParts
+    settings: RunSettings
+    model: nn.Module  # the learner's model (its architecture and initial weights)
+    obs_shape: tuple[int, ...]
+    num_actions: int
+    frames_per_step: int
+    pool: SlotPool  # unrolls of ``per_group`` columns go here
+    per_group: int
+
+
+class ActorSource:
+    """Unrolls from actors that act with their own policy copy (IMPALA's topology): in
+    this process when ``distributed.actors == 0``, else in spawned actor processes that
+    pull weights from a :class:`WeightStore`.
+
+    An experience source has ``weights`` (what the learner publishes to), is entered
+    once the learner is ready, and offers ``next_batch(count, first, on_wait)``,
+    ``drain()`` (the actors' counters) and ``log(logger)`` (its own figures).
+    """
+
+    def __init__(self, ctx: SourceContext):
+        self.ctx = ctx
+        self.weights = WeightStore(ctx.model, shared=ctx.settings.distributed.actors > 0)
+        self.local_actor: Actor | None = None
+        self.local_stats = ActorStats()
+        self.actors: ActorProcesses | None = None
+        self._exit = contextlib.ExitStack()
+
+    def __enter__(self) -> ActorSource:
+        c = self.ctx
+        dist = c.settings.distributed
+        if dist.actors == 0:
+            policy_model = c.parts.make_model(c.obs_shape, c.num_actions)
+            self.local_actor = build_actor(c.parts, c.settings, policy_model, self.weights,
+                                           c.pool, 0, self.local_stats, lambda: False)
+            self._exit.callback(self.local_actor.close)
+        else:
+            build = functools.partial(_unroll_actor, c.parts, c.settings, c.obs_shape,
+                                      c.num_actions, c.pool, self.weights)
+            self.actors = self._exit.enter_context(ActorProcesses(
+                c.pool.mp_context, dist.actors, build, dist.actor_threads, c.settings.seed))
+        return self
+
+    def drain(self) -> list[ActorStats]:
+        drained = [self.local_stats.drain()] if self.local_actor is not None else []
+        if self.actors is not None:
+            drained += [stats for _, stats in self.actors.drain()]
+        return drained
+
+    def log(self, logger: MetricLogger) -> None:
+        """Nothing beyond the actors' counters (SEED's source logs its inference here)."""
+
+    def next_batch(self, count: int, first: bool,
+                   on_wait: Callable[[], None]) -> tuple[list[int], float]:
+        """``count`` full slots and the seconds waited; ``first``: nothing learned yet, so
+        wait at most ``distributed.start_timeout_s``; ``on_wait`` runs every idle second."""
+        pool = self.ctx.pool
+        if self.local_actor is not None:
+            while pool.full.qsize() < count:
+                self.local_actor.step()
+            return pool.take(count)
+        assert self.actors is not None
+        return wait_for_slots(pool, count, self.ctx.settings.distributed.start_timeout_s
+                              if first else None, "the actors",
+                              lambda: (on_wait(), self.actors.check_alive()))
+
+    def __exit__(self, *exc: Any) -> None:
+        self._exit.close()
+
+
+def wait_for_slots(pool: SlotPool, count: int, timeout_s: float | None, producers: str,
+                   check: Callable[[], None]) -> tuple[list[int], float]:
+    """Take ``count`` full slots, calling ``check`` (raises if producers failed) every
+    second of waiting; raises if ``timeout_s`` passes first."""
+    waited = 0.0
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else 1e9)
+    taken: list[int] = []
+    while len(taken) < count:
+        try:
+            more, w = pool.take(1, timeout=1.0)
+            taken += more
+            waited += w
+        except queue.Empty:
+            waited += 1.0
+            check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no unroll from {producers} within distributed.start_timeout_s="
+                    f"{timeout_s}s") from None
+    return taken, waited
+
+
+SourceFactory = Callable[[SourceContext], Any]
+
+
 class StopFlag:
     """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits."""
 
@@ -404,6 +498,7 @@ def train_unroll_agent(
     parts: UnrollAgentParts,
     settings: RunSettings,
     should_stop: Callable[[int], bool] | None = None,
+    source: SourceFactory = ActorSource,
 ) -> dict[str, Any]:
     """Train until ``total_frames`` env frames were learned from (or a stop was asked).
 
@@ -411,6 +506,8 @@ def train_unroll_agent(
         parts: the agent's model, policy and loss.
         settings: topology, logging, checkpoints.
         should_stop: optional ``updates -> bool`` polled after each update (stops like SIGINT).
+        source: builds where unrolls come from: actors with policy copies (IMPALA) or
+            SEED's inference server (:mod:`distrl.seed_runner`).
 
     Returns:
         A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir.
@@ -435,15 +532,6 @@ def train_unroll_agent(
     opt = parts.optimizer
     optimizer = optimizer_for(model, opt)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, total_updates)
-    store = WeightStore(model, shared=dist.actors > 0)
-    learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm, store)
-    counters = {"frames": 0, "elapsed_s": 0.0}
-    if resumed is not None:
-        restore_learner(learner, resumed, opt.name)
-        counters.update(resumed["counters"])
-        checkpoint.set_rng_state(resumed["rng"])
-        store.publish(model, learner.updates)
-
     slots_per_batch = parts.batch_size // per_group
     producers = max(dist.actors, 1) * dist.env_groups
     num_slots = dist.slots or (2 * slots_per_batch + producers)
@@ -455,6 +543,17 @@ def train_unroll_agent(
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
     specs = unroll_specs(parts, model, obs_shape, env.obs_dtype, num_actions, per_group)
     pool = SlotPool(specs, num_slots, mp_context=ctx)
+    experience = source(SourceContext(parts, settings, model, obs_shape, num_actions,
+                                      env.frames_per_step, pool, per_group))
+
+    learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm,
+                      experience.weights)
+    counters = {"frames": 0, "elapsed_s": 0.0}
+    if resumed is not None:
+        restore_learner(learner, resumed, opt.name)
+        counters.update(resumed["counters"])
+        checkpoint.set_rng_state(resumed["rng"])
+        experience.weights.publish(model, learner.updates)
 
     logger = MetricLogger(
         str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
@@ -478,54 +577,17 @@ def train_unroll_agent(
         return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
                                keep=settings.checkpoint.keep)
 
-    actors: ActorProcesses | None = None
-    local_actor: Actor | None = None
-    local_stats = ActorStats()
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(logger.close)
-        if dist.actors == 0:
-            policy_model = parts.make_model(obs_shape, num_actions)
-            local_actor = build_actor(parts, settings, policy_model, store, pool, 0,
-                                      local_stats, lambda: False)
-            cleanup.callback(local_actor.close)
-        else:
-            build = functools.partial(_unroll_actor, parts, settings, obs_shape, num_actions,
-                                      pool, store)
-            actors = cleanup.enter_context(
-                ActorProcesses(ctx, dist.actors, build, dist.actor_threads, settings.seed))
+        cleanup.enter_context(experience)
 
         def collect_stats() -> None:
-            drained = [local_stats.drain()] if local_actor is not None else []
-            if actors is not None:
-                drained += [stats for _, stats in actors.drain()]
-            for stats in drained:
+            for stats in experience.drain():
                 log_actor_stats(logger, stats, counters["frames"])
 
         def next_batch() -> tuple[list[int], float]:
-            if local_actor is not None:
-                while pool.full.qsize() < slots_per_batch:
-                    local_actor.step()
-                return pool.take(slots_per_batch)
-            waited = 0.0
-            first_wait = counters["frames"] == 0 or actors is None
-            deadline = time.monotonic() + (dist.start_timeout_s if first_wait else 1e9)
-            taken: list[int] = []
-            while len(taken) < slots_per_batch:
-                try:
-                    more, w = pool.take(1, timeout=1.0)
-                    taken += more
-                    waited += w
-                except queue.Empty:
-                    waited += 1.0
-                    collect_stats()
-                    if actors is not None:
-                        actors.check_alive()
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"no unroll from the actors within distributed.start_timeout_s="
-                            f"{dist.start_timeout_s}s"
-                        ) from None
-            return taken, waited
+            return experience.next_batch(slots_per_batch, counters["frames"] == 0,
+                                         collect_stats)
 
         run_start = time.monotonic() - counters["elapsed_s"]
         last_checkpoint = time.monotonic()
@@ -544,6 +606,7 @@ def train_unroll_agent(
                 logger.add("learner/policy_lag", lag)
                 logger.add("learner/batch_wait_s", waited)
                 collect_stats()
+                experience.log(logger)
                 stop_now = (signals.requested or reached_return(settings, logger)
                             or (should_stop is not None and should_stop(learner.updates)))
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:

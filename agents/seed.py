@@ -1,0 +1,71 @@
+"""SEED RL: scalable and efficient deep RL with accelerated central inference
+(Espeholt et al. 2020).
+
+Actors only step environments; one inference server on the learner batches every
+actor's observations, runs the newest model once per batch (on the learner's GPU
+when there is one), keeps each environment's recurrent state, and assembles the
+unrolls, which reach the learner without leaving its process. The learner is
+IMPALA's V-trace learner (SEED-IMPALA, Section 3): the same network, loss and
+hyperparameters, taken from ``agents/impala.py`` rather than written twice. Read top
+to bottom: config -> learner parts -> run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents import impala
+from distrl.config import ConfigError, check_choice, check_non_negative, check_positive
+
+LEARNERS = ("impala",)  # SEED-R2D2 (agent.learner=r2d2) is not built yet
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class SeedConfig:
+    """SEED settings: the learner's own config plus the inference server's.
+
+    SEED's Atari and DMLab runs keep their learner's hyperparameters (Espeholt et al.
+    2020, Appendix A), so ``agent.impala`` holds IMPALA's Table G.1 defaults.
+    """
+
+    name: str = "seed"
+    learner: str = "impala"  # which learner trains on the server's unrolls
+    impala: impala.ImpalaConfig = field(default_factory=impala.ImpalaConfig)
+    max_inference_batch: int = 0  # most envs per inference call; 0 = all envs of the run
+    inference_timeout_ms: float = 1.0  # dynamic batching: wait this long for more requests
+    worker_timeout_s: float = 60.0  # an env worker silent this long after its actions is hung
+    max_worker_restarts: int = 10  # a run whose workers fail more often than this stops
+    device: str = "auto"  # where inference and training run: auto = cuda when available
+
+    def __post_init__(self) -> None:
+        if self.name != "seed":
+            raise ConfigError(f"agent.name must be 'seed' for SeedConfig, got {self.name!r}")
+        if self.learner == "r2d2":
+            raise ConfigError("agent.learner: SEED-R2D2 (r2d2) is not built yet; allowed: "
+                              + ", ".join(LEARNERS))
+        check_choice("agent.learner", self.learner, LEARNERS)
+        check_non_negative("agent.max_inference_batch", self.max_inference_batch)
+        check_non_negative("agent.inference_timeout_ms", self.inference_timeout_ms)
+        check_positive("agent.worker_timeout_s", self.worker_timeout_s)
+        check_non_negative("agent.max_worker_restarts", self.max_worker_restarts)
+        check_choice("agent.device", self.device, DEVICES)
+
+
+def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
+    """Train SEED-IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is SeedConfig."""
+    import functools
+
+    from distrl.runner import RunSettings, train_unroll_agent
+    from distrl.seed_runner import InferenceSettings, SeedSource
+
+    agent: SeedConfig = cfg.agent
+    inference = InferenceSettings(
+        max_batch=agent.max_inference_batch, batch_timeout_s=agent.inference_timeout_ms / 1e3,
+        worker_timeout_s=agent.worker_timeout_s,
+        max_worker_restarts=agent.max_worker_restarts, device=agent.device)
+    parts = impala.parts(agent.impala, cfg.kernel)
+    parts.name = "seed"
+    return train_unroll_agent(parts, RunSettings.from_config(cfg), should_stop=should_stop,
+                              source=functools.partial(SeedSource, inference=inference))

@@ -1,0 +1,365 @@
+"""SEED RL: the inference server against the IMPALA actor, dynamic batching, per-env
+recurrent state, worker failure and restart, the agent's config errors, and learning."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import time
+
+import pytest
+import seed_envs
+import torch
+import torch.multiprocessing as mp
+
+from agents import impala, seed
+from distrl.actor import Actor, ActorStats, EnvGroup, PolicyOutput, UnrollSink
+from distrl.config import (
+    CheckpointConfig,
+    ConfigError,
+    DistributedConfig,
+    EnvConfig,
+    LogConfig,
+    ModelConfig,
+    RunConfig,
+)
+from distrl.env_workers import Channels, EnvWorkers, LocalChannels, worker_seeds
+from distrl.envs import env_seed, make_envs
+from distrl.inference import InferenceServer, InferenceWeights
+from distrl.queues import FieldSpec, SlotPool
+
+A = seed_envs.NUM_ACTIONS
+T = 5  # unroll length of the server tests
+
+
+def _env(name: str) -> EnvConfig:
+    return EnvConfig(id=name, imports=["seed_envs"])
+
+
+def _specs(columns: int, state_shapes: list[tuple[int, ...]]) -> dict[str, FieldSpec]:
+    specs = {
+        "observations": FieldSpec((T + 1, columns, 2), torch.float32),
+        "actions": FieldSpec((T, columns), torch.int64),
+        "rewards": FieldSpec((T, columns), torch.float32),
+        "dones": FieldSpec((T, columns), torch.bool),
+        "policy_versions": FieldSpec((T, columns), torch.int64),
+        "behaviour_logits": FieldSpec((T, columns, A), torch.float32),
+    }
+    for i, shape in enumerate(state_shapes):
+        specs[f"core_state_{i}"] = FieldSpec((columns, *shape[1:]), torch.float32,
+                                             time_major=False)
+    return specs
+
+
+def _lstm_net() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return impala.make_network((2,), A, ModelConfig(hidden_size=16, use_lstm=True,
+                                                    lstm_size=8))
+
+
+def _server(channels, pool: SlotPool, policy, model, stats: ActorStats, **kw) -> InferenceServer:
+    groups = [EnvGroup(None, UnrollSink(pool, T, stats)) for _ in range(channels.num_channels)]
+    return InferenceServer(channels, groups, policy, InferenceWeights(model), stats,
+                           max_batch=kw.pop("max_batch", 10**6),
+                           batch_timeout_s=kw.pop("batch_timeout_s", 0.0), **kw)
+
+
+def _collect(pool: SlotPool, count: int, produce) -> list[dict[str, torch.Tensor]]:
+    """Step ``produce`` until ``count`` unrolls are committed; their fields, in order."""
+    while pool.full.qsize() < count:
+        produce()
+    indices, _ = pool.take(count)
+    return [pool.gather([i]) for i in indices]
+
+
+def _impala_actor_unrolls(env_cfg: EnvConfig, envs: int, groups: int, count: int,
+                          policy_seed: int) -> list[dict[str, torch.Tensor]]:
+    """What an IMPALA actor (id 0, run seed 0) writes with ``_lstm_net``'s weights."""
+    model = _lstm_net()
+    pool = SlotPool(_specs(envs, [s.shape for s in model.initial_state(envs)]), count + groups)
+    stats = ActorStats()
+    env_groups = [EnvGroup(make_envs(env_cfg, envs, env_seed(0, 0, g, groups, envs)),
+                           UnrollSink(pool, T, stats)) for g in range(groups)]
+    actor = Actor(env_groups, impala.ImpalaPolicy(model), lambda: 0, stats)
+    torch.manual_seed(policy_seed)
+    try:
+        return _collect(pool, count, actor.step)
+    finally:
+        actor.close()
+
+
+def _assert_same_unrolls(got, expected) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.keys() == e.keys()
+        for name in e:
+            assert torch.equal(g[name], e[name]), name
+
+
+# ---------------------------------------------------------------- unrolls as IMPALA's
+
+
+def test_server_unrolls_equal_the_impala_actors_in_one_process():
+    """Serial mode: the same env seeds, weights and sampling seed give the same unrolls,
+    field for field (observations, actions, rewards, dones, behaviour logits, LSTM state)."""
+    env_cfg, envs, count = _env("DistrlCounter-v0"), 4, 6
+    expected = _impala_actor_unrolls(env_cfg, envs, 1, count, policy_seed=3)
+
+    model = _lstm_net()
+    pool = SlotPool(_specs(envs, [s.shape for s in model.initial_state(envs)]), count + 1)
+    channels = LocalChannels([make_envs(env_cfg, envs, env_seed(0, 0, 0, 1, envs))])
+    server = _server(channels, pool, impala.ImpalaPolicy(model), model, ActorStats())
+    torch.manual_seed(3)
+    try:
+        got = _collect(pool, count, server.step)
+    finally:
+        channels.close()
+    _assert_same_unrolls(got, expected)
+    # The unrolls hold episode ends and LSTM states that are not all zero: a real check.
+    assert any(u["dones"].any() for u in got)
+    assert any(u["core_state_0"].abs().sum() > 0 for u in got)
+
+
+def test_server_unrolls_equal_the_impala_actors_with_a_worker_process():
+    """An env worker process (generation 0) steps the same envs as IMPALA actor 0."""
+    env_cfg, envs, count = _env("DistrlCounter-v0"), 3, 5
+    expected = _impala_actor_unrolls(env_cfg, envs, 1, count, policy_seed=5)
+
+    model = _lstm_net()
+    ctx = mp.get_context("spawn")
+    pool = SlotPool(_specs(envs, [s.shape for s in model.initial_state(envs)]), count + 1)
+    channels = Channels(ctx, 1, envs, (2,), torch.float32)
+    with EnvWorkers(ctx, 1, 1, env_cfg, 1, 0, channels) as workers:
+        server = _server(channels, pool, impala.ImpalaPolicy(model), model, ActorStats(),
+                         workers=workers)
+        torch.manual_seed(5)
+        got = _collect(pool, count, server.step)
+    _assert_same_unrolls(got, expected)
+    assert worker_seeds(0, 0, 1, envs, 0) == [env_seed(0, 0, 0, 1, envs)]
+    assert worker_seeds(0, 0, 1, envs, 1) != worker_seeds(0, 0, 1, envs, 0)
+
+
+# ---------------------------------------------------------------- batching and state
+
+
+class EchoPolicy:
+    """Acts with the observation's first entry (DistrlMatch's correct action) and keeps a
+    per-env state h that counts steps since the episode started; records what it saw."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
+        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (observations, h)
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(batch_size, 1),)
+
+    def __call__(self, observations, core_state, last_actions=None, last_rewards=None):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        (h,) = core_state
+        self.calls.append((observations.clone(), h.clone()))
+        actions = observations[:, 0].long() % A  # DistrlMatch: k itself
+        logits = torch.nn.functional.one_hot(actions, A).float()
+        return PolicyOutput(actions, {"behaviour_logits": logits}, (h + 1,))
+
+
+def _run_workers(env_name: str, workers: int, groups: int, envs: int, steps: int,
+                 policy, max_batch: int, **kw):
+    ctx = mp.get_context("spawn")
+    pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
+    channels = Channels(ctx, workers * groups, envs, (2,), torch.float32)
+    stats = ActorStats()
+    model = torch.nn.Linear(1, 1)
+    with EnvWorkers(ctx, workers, groups, _env(env_name), 1, 0, channels) as env_workers:
+        server = _server(channels, pool, policy, model, stats, workers=env_workers,
+                         max_batch=max_batch, batch_timeout_s=0.002, **kw)
+        served = 0
+        while served < steps:
+            served += server.step(wait_s=1.0)
+        return server, stats, pool
+
+
+def test_dynamic_batching_gives_every_env_its_own_action():
+    """3 workers x 2 groups of 2 envs; batches of up to 6 envs mix channels of different
+    workers. Any action sent to the wrong env scores 0 in DistrlMatch."""
+    policy = EchoPolicy(delay_s=0.001)
+    server, stats, pool = _run_workers("DistrlMatch-v0", 3, 2, 2, 3000, policy, max_batch=6)
+    sizes = server.inference.batch_sizes
+    assert max(sizes) <= 6 and len(set(sizes)) > 1 and max(sizes) > 2  # mixed batches
+    indices, _ = pool.take(pool.full.qsize())
+    rewards = torch.cat([pool.gather([i])["rewards"].flatten() for i in indices])
+    assert rewards.numel() >= 1000 and torch.all(rewards == 1.0)
+    assert stats.episode_returns and all(r == 7.0 for r in stats.episode_returns)
+
+
+def test_recurrent_state_is_kept_per_env_and_reset_at_episode_start():
+    """The state the policy sees for each env equals its step in the episode
+    (DistrlCounter's second observation entry), whatever batch the env landed in."""
+    policy = EchoPolicy()
+    server, _, _ = _run_workers("DistrlCounter-v0", 2, 2, 3, 2000, policy, max_batch=6)
+    checked = 0
+    for observations, h in policy.calls:
+        assert torch.equal(h[:, 0], observations[:, 1])
+        checked += observations.shape[0]
+    assert checked >= 2000
+    # Envs met in batches of different compositions (DistrlCounter's first entry: env id).
+    assert len({tuple(obs[:, 0].tolist()) for obs, _ in policy.calls}) > 1
+    steps = torch.cat([obs[:, 1] for obs, _ in policy.calls])
+    assert steps.max() >= 6 and (steps == 0).sum() > 100  # many episodes, long ones too
+
+
+# ---------------------------------------------------------------- failures
+
+
+def _assert_unroll_consistent(unroll: dict[str, torch.Tensor]) -> None:
+    """DistrlCounter's closed form inside one unroll: no sentinel, the env id stays, the
+    step counter advances by one or restarts at 0 after a done, reward = action + 1."""
+    obs = unroll["observations"]
+    assert not torch.isnan(obs).any() and not torch.isnan(unroll["rewards"]).any()
+    assert (unroll["actions"] >= 0).all()
+    assert torch.equal(obs[1:, :, 0], obs[:-1, :, 0])
+    expected_step = torch.where(unroll["dones"], torch.zeros_like(obs[1:, :, 1]),
+                                obs[:-1, :, 1] + 1)
+    assert torch.equal(obs[1:, :, 1], expected_step)
+    assert torch.equal(unroll["rewards"], unroll["actions"].float() + 1)
+
+
+def _serve_until(server: InferenceServer, condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        server.step(wait_s=0.05)
+        server.check_workers()
+
+
+def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner():
+    ctx = mp.get_context("spawn")
+    envs = 2
+    pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
+    channels = Channels(ctx, 2, envs, (2,), torch.float32)
+    stats = ActorStats()
+    with EnvWorkers(ctx, 2, 1, _env("DistrlCounter-v0"), 1, 0, channels) as workers:
+        server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), stats,
+                         workers=workers, worker_timeout_s=30.0)
+        _serve_until(server, lambda: all(server.open) and pool.full.qsize() >= 10)
+        first_pid = workers.pids()[0]
+        os.kill(first_pid, signal.SIGKILL)
+        before = pool.full.qsize()
+        _serve_until(server, lambda: server.inference.restarts == 1)
+        assert workers.generations == [1, 0] and workers.pids()[0] != first_pid
+        assert server.inference.dropped_unrolls == 1  # the open unroll of worker 0's channel
+        # The restarted worker plays new episodes (other seeds): wait for its unrolls.
+        new_seed = worker_seeds(0, 0, 1, envs, 1)[0]
+        new_ids = {new_seed % 1000, (new_seed + 1) % 1000}
+        unrolls: list[dict[str, torch.Tensor]] = []
+        taken = 0
+
+        def new_worker_delivered() -> bool:
+            nonlocal taken
+            if pool.full.qsize():
+                indices, _ = pool.take(pool.full.qsize())
+                taken += len(indices)
+                unrolls.extend(pool.gather([i]) for i in indices)
+            return any(set(u["observations"][0, :, 0].long().tolist()) == new_ids
+                       for u in unrolls)
+
+        _serve_until(server, new_worker_delivered)
+        assert taken >= before
+    for unroll in unrolls:
+        _assert_unroll_consistent(unroll)
+    # Every slot is either queued, or free, or held by one of the two open unrolls.
+    assert pool.free.qsize() + taken + 2 == pool.num_slots
+
+
+def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
+    ctx = mp.get_context("spawn")
+    envs = 2
+    pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
+    channels = Channels(ctx, 1, envs, (2,), torch.float32)
+    with EnvWorkers(ctx, 1, 1, _env("DistrlHang-v0"), 1, 0, channels) as workers:
+        server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), ActorStats(),
+                         workers=workers, worker_timeout_s=1.5)
+        start = time.monotonic()
+        _serve_until(server, lambda: server.inference.restarts == 1)
+        assert time.monotonic() - start < 20
+        # Generation 0 hung on its 5th step: the one unroll it had open was dropped.
+        assert server.inference.dropped_unrolls == 1 and pool.full.qsize() == 0
+        _serve_until(server, lambda: pool.full.qsize() >= 5)  # generation 1 does not hang
+        indices, _ = pool.take(pool.full.qsize())
+    for i in indices:
+        _assert_unroll_consistent(pool.gather([i]))
+
+
+# ---------------------------------------------------------------- the agent
+
+
+def cartpole_config(tmp_path, name: str, actors: int = 2, total_frames: int = 1_200_000,
+                    **agent) -> RunConfig:
+    return RunConfig(
+        agent=seed.SeedConfig(**agent),
+        env=EnvConfig(id="CartPole-v1"),
+        distributed=DistributedConfig(actors=actors, envs_per_actor=32 if actors == 0 else 16,
+                                      env_groups=1),
+        log=LogConfig(dir=str(tmp_path), name=name, interval_s=30.0, tensorboard=False),
+        checkpoint=CheckpointConfig(interval_s=3600.0),
+        seed=0,
+        total_frames=total_frames,
+    )
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("learner", "r2d2", "agent.learner: SEED-R2D2 (r2d2) is not built yet; allowed: impala"),
+    ("learner", "ppo", "agent.learner must be one of impala; got 'ppo'"),
+    ("device", "tpu", "agent.device must be one of auto, cpu, cuda; got 'tpu'"),
+    ("max_inference_batch", -1, "agent.max_inference_batch"),
+    ("worker_timeout_s", 0, "agent.worker_timeout_s"),
+])
+def test_bad_seed_settings_name_the_field(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        seed.SeedConfig(**{field: value})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_device_without_a_gpu_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="agent.device is 'cuda' but torch sees no CUDA"):
+        seed.run(cartpole_config(tmp_path, "cuda", actors=0, total_frames=640, device="cuda"))
+
+
+def test_serial_seed_trains_like_serial_impala(tmp_path):
+    """In one process SEED-IMPALA's server acts exactly as IMPALA's local actor: the same
+    seed gives the same weights after 3 updates."""
+    frames = 3 * 20 * 32
+    seed.run(cartpole_config(tmp_path, "seed", actors=0, total_frames=frames))
+    impala_cfg = dataclasses.replace(cartpole_config(tmp_path, "impala", actors=0,
+                                                     total_frames=frames),
+                                     agent=impala.ImpalaConfig())
+    impala.run(impala_cfg)
+    seed_state = torch.load(next((tmp_path / "seed" / "checkpoints").glob("*.pt")),
+                            weights_only=False)["learner"]["model"]
+    impala_state = torch.load(next((tmp_path / "impala" / "checkpoints").glob("*.pt")),
+                              weights_only=False)["learner"]["model"]
+    for name, value in impala_state.items():
+        assert torch.equal(seed_state[name], value), name
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
+    result = seed.run(dataclasses.replace(cartpole_config(tmp_path, "workers"),
+                                          stop_at_return=450.0))
+    print(f"SEED: mean {result['mean_return_20']:.1f} at {result['frames']:,} frames")
+    assert result["mean_return_20"] >= 450, result["returns"][-20:]
+    assert result["frames"] <= 1_200_000 + 20 * 32
+
+
+def test_the_learner_publishes_into_the_inference_model():
+    """SEED's learner copies each update into the inference model, with its version."""
+    model = torch.nn.Linear(2, 2)
+    copy = torch.nn.Linear(2, 2)
+    weights = InferenceWeights(copy)
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    weights.publish(model, 4)
+    assert weights.version == 4 and torch.equal(copy.weight, model.weight)
