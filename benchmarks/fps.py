@@ -8,6 +8,10 @@ start, first unrolls) are excluded and the next ``--updates`` are timed. The
 figure quoted is the median over repeats. For scale it also measures ale-py's
 AtariVectorEnv stepping the same number of envs with random actions (same run,
 same machine) and prints the ratio.
+
+``agent=seed`` also times IMPALA with the same learner settings and topology (env
+workers become actors), alternating the two in each repeat, and prints SEED's mean
+inference batch size and the SEED/IMPALA frames/s ratio.
 """
 
 from __future__ import annotations
@@ -43,10 +47,28 @@ def load_config(overrides: list[str]):
     return OmegaConf.to_object(cfg)
 
 
+def impala_overrides(seed_overrides: list[str]) -> list[str]:
+    """The IMPALA run that matches a SEED run: its learner settings, the same topology."""
+    out = []
+    for override in seed_overrides:
+        if override.startswith("agent="):
+            out.append("agent=impala")
+        elif override.startswith("agent.impala."):
+            out.append("agent." + override.removeprefix("agent.impala."))
+        elif not override.startswith("agent."):  # SEED's own settings have no IMPALA twin
+            out.append(override)
+    return out
+
+
+def learner_config(cfg):
+    """The unroll/replay learner's settings (SEED keeps them under agent.impala)."""
+    return getattr(cfg.agent, "impala", cfg.agent)
+
+
 def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float, float | None]:
     """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
     timed part and, for replay agents, the fraction of learner time spent waiting on the
-    replay (the prefetched sample) over the whole run."""
+    replay (the prefetched sample) over the whole run; for SEED, the mean inference batch."""
     stamps: dict[int, float] = {}
     frames_at: dict[int, int] = {}
 
@@ -74,7 +96,7 @@ def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float,
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
         frames = updates * result["frames"] / result["updates"]
-        wait = None
+        wait = result.get("inference_batch_mean")
     return frames / span, updates / span, wait
 
 
@@ -113,22 +135,34 @@ def main() -> None:
     print(f"config: agent={cfg.agent.name} env={cfg.env.id} actors={dist.actors} "
           f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups} "
           f"env_threads={dist.env_threads} learner_threads={dist.learner_threads} "
-          f"actor_threads={dist.actor_threads} batch={cfg.agent.batch_size} "
-          + (f"unroll={cfg.agent.unroll_length}" if hasattr(cfg.agent, "unroll_length") else
+          f"actor_threads={dist.actor_threads} batch={learner_config(cfg).batch_size} "
+          + (f"unroll={learner_config(cfg).unroll_length}"
+             if hasattr(learner_config(cfg), "unroll_length") else
              f"replay_ratio={cfg.agent.replay_ratio} learning_starts={cfg.agent.learning_starts}"))
-    fps, ups, waits = [], [], []
+    seed = cfg.agent.name == "seed"
+    fps, ups, waits, impala_fps = [], [], [], []
     for repeat in range(args.repeats):
         f, u, w = time_training(load_config(overrides), args.warmup_updates, args.updates)
         fps.append(f)
         ups.append(u)
         waits.append(w)
-        shown = "" if w is None else f", {100 * w:.3f}% of learner time waiting on replay"
+        shown = "" if w is None else (f", mean inference batch {w:.1f} envs" if seed else
+                                      f", {100 * w:.3f}% of learner time waiting on replay")
         print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s{shown}", flush=True)
+        if seed:
+            f, u, _ = time_training(load_config(impala_overrides(overrides)),
+                                    args.warmup_updates, args.updates)
+            impala_fps.append(f)
+            print(f"repeat {repeat}: impala {f:,.0f} frames/s, {u:.3f} updates/s", flush=True)
     median_fps = statistics.median(fps)
     shown = "" if waits[0] is None else (
+        f", mean inference batch {statistics.median(waits):.1f} envs" if seed else
         f", {100 * statistics.median(waits):.3f}% of learner time waiting on replay")
     print(f"{cfg.agent.name} median: {median_fps:,.0f} env frames/s, "
           f"{statistics.median(ups):.3f} learner updates/s{shown} over {args.repeats} repeats")
+    if seed:
+        print(f"impala median (same settings, same run): {statistics.median(impala_fps):,.0f} "
+              f"env frames/s; seed/impala = {median_fps / statistics.median(impala_fps):.2f}")
     if hasattr(cfg.agent, "trace_length"):  # R2D2: a batch is sequences of trained steps
         per_s = statistics.median(ups) * cfg.agent.batch_size
         print(f"learner: {per_s:,.1f} sequences/s ({per_s * cfg.agent.trace_length:,.0f} "

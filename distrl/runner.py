@@ -390,7 +390,8 @@ class ActorSource:
 
     An experience source has ``weights`` (what the learner publishes to), is entered
     once the learner is ready, and offers ``next_batch(count, first, on_wait)``,
-    ``drain()`` (the actors' counters) and ``log(logger)`` (its own figures).
+    ``drain()`` (the actors' counters), ``log(logger)`` (its own figures) and
+    ``summary()`` (figures for the run's result).
     """
 
     def __init__(self, ctx: SourceContext):
@@ -424,6 +425,10 @@ class ActorSource:
 
     def log(self, logger: MetricLogger) -> None:
         """Nothing beyond the actors' counters (SEED's source logs its inference here)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for the run's returned summary (none for actors)."""
+        return {}
 
     def next_batch(self, count: int, first: bool,
                    on_wait: Callable[[], None]) -> tuple[list[int], float]:
@@ -631,4 +636,5 @@ def train_unroll_agent(
             "lr": optimizer.param_groups[0]["lr"],
             "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
+            **experience.summary(),
         }

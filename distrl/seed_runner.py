@@ -62,6 +62,7 @@ class SeedSource:
         self._exit = contextlib.ExitStack()
         self._wait_s_seen = 0.0
         self._inference = InferenceStats()  # drained from the server, not yet logged
+        self._calls, self._envs_inferred = 0, 0  # over the whole run, for summary()
 
     def __enter__(self) -> SeedSource:
         c, inf = self.ctx, self.settings
@@ -140,17 +141,24 @@ class SeedSource:
     def log(self, logger: MetricLogger) -> None:
         """Inference figures: batch size (mean and histogram), latency, worker wait."""
         inference = self._inference.drain()
+        self._calls += len(inference.batch_sizes)
+        self._envs_inferred += sum(inference.batch_sizes)
         if inference.batch_sizes:
             logger.add("inference/batch_size", statistics.fmean(inference.batch_sizes))
             logger.add_histogram("inference/batch_size_hist", inference.batch_sizes)
             logger.add("inference/latency_ms", 1e3 * statistics.fmean(inference.latency_s))
-            logger.add("inference/calls", len(inference.batch_sizes))
+            logger.add("inference/calls_per_update", len(inference.batch_sizes))
         if isinstance(self.channels, Channels):
             wait_s = float(self.channels.wait_s.sum())
             logger.add("workers/action_wait_s", wait_s - self._wait_s_seen)
             self._wait_s_seen = wait_s
         logger.add("workers/restarts", inference.restarts)
         logger.add("workers/dropped_unrolls", inference.dropped_unrolls)
+
+    def summary(self) -> dict[str, Any]:
+        """Mean envs per inference call over the run, and inference calls made."""
+        return {"inference_batch_mean": self._envs_inferred / max(self._calls, 1),
+                "inference_calls": self._calls}
 
     def __exit__(self, *exc: Any) -> None:
         self._exit.close()
