@@ -88,6 +88,9 @@ class InferenceServer:
         workers: the worker processes, to restart failed ones (None in serial mode).
         worker_timeout_s: a worker silent this long after its actions counts as hung.
         start_timeout_s: the same, for a worker's first request after it started.
+        frames_per_step: env frames per agent step (Atari's frame skip), for the counters.
+        on_restart: called with (worker, exit code or None if it hung) after a restart;
+            it may raise to end the run (too many restarts).
     """
 
     def __init__(
@@ -144,7 +147,9 @@ class InferenceServer:
                and time.perf_counter() < deadline):
             self.channels.wait_request(deadline - time.perf_counter())
             ready = self.channels.pending()
-        # Up to max_batch envs (at least one channel); the rest wait for the next call.
+        # Up to max_batch envs (at least one channel), the longest-waiting channels first;
+        # the rest wait for the next call.
+        ready.sort(key=lambda channel: self.answered_at[channel])
         return ready[:max(1, self.max_batch // per_channel)], first_at
 
     # ---------------------------------------------------------------- one call

@@ -241,6 +241,108 @@ def _replay_actor(
     return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats)
 
 
+@dataclass
+class ReplaySourceContext:
+    """What a replay experience source is built from (see :class:`ReplayActorSource`)."""
+
+    parts: ReplayAgentParts
+    settings: RunSettings
+    topology: ReplayTopology
+    model: nn.Module  # the learner's model (architecture and initial weights)
+    insert: Callable[[ReplayBatch, torch.Tensor], None]  # into the replay, learner thread only
+    frame_shape: tuple[int, ...]
+    frame_dtype: torch.dtype
+    per_group: int
+    mp_context: Any  # spawn context, or None in one process
+
+
+class ReplayActorSource:
+    """Batches from actors that act with their own policy copy (Ape-X's topology): one
+    local actor stepped by the learner loop when ``distributed.actors == 0``, else actor
+    processes that send through :class:`BatchSlots`.
+
+    A replay source has ``weights`` (what the learner publishes to), ``serial`` (the
+    learner must call :meth:`step_local` to make data), :meth:`receive`, :meth:`drain`
+    (``(actor id, counters)`` pairs), :meth:`check`, ``local_sinks`` (checkpointed
+    writers), :meth:`log` and :meth:`summary`.
+    """
+
+    def __init__(self, ctx: ReplaySourceContext):
+        self.ctx = ctx
+        dist = ctx.settings.distributed
+        self.serial = dist.actors == 0
+        self.weights = WeightStore(ctx.model, shared=not self.serial)
+        self.slots: BatchSlots | None = None
+        if not self.serial:
+            parts = ctx.parts
+            policy = parts.make_policy(ctx.model, ctx.topology.epsilons[:1])
+            state_size = flatten_state(policy.initial_state(1), 1).shape[1]
+            self.slots = BatchSlots(
+                dist.slots or 2 * dist.actors * dist.env_groups, parts.experience,
+                ctx.per_group, parts.actor_buffer, ctx.frame_shape, ctx.frame_dtype,
+                ctx.topology.frame_stack or 1, state_size, ctx.mp_context)
+        self.local_actor: Actor | None = None
+        self.local_stats = ActorStats()
+        self.local_sinks: list[TransitionSink] = []
+        self.actors: ActorProcesses | None = None
+        self._exit = contextlib.ExitStack()
+
+    def __enter__(self) -> ReplayActorSource:
+        c = self.ctx
+        dist = c.settings.distributed
+        if self.serial:
+            policy_model = c.parts.make_model(c.topology.obs_shape, c.topology.num_actions)
+            self.local_actor = build_replay_actor(c.parts, c.settings, c.topology, policy_model,
+                                                  self.weights, c.insert, 0, self.local_stats)
+            self._exit.callback(self.local_actor.close)
+            self.local_sinks = [group.sink for group in self.local_actor.groups]
+        else:
+            build = functools.partial(_replay_actor, c.parts, c.settings, c.topology,
+                                      self.slots, self.weights)
+            self.actors = self._exit.enter_context(ActorProcesses(
+                c.mp_context, dist.actors, build, dist.actor_threads, c.settings.seed))
+        return self
+
+    def step_local(self) -> None:
+        """Serial mode: one step of every local env group (completed batches are inserted)."""
+        assert self.local_actor is not None
+        self.local_actor.step()
+
+    def receive(self, timeout: float) -> int:
+        """Insert every batch the actor processes sent; wait up to ``timeout`` for one."""
+        received = 0
+        while self.slots is not None:
+            item = self.slots.read(timeout if received == 0 else 0.0)
+            if item is None:
+                break
+            self.ctx.insert(*item)
+            received += 1
+        return received
+
+    def drain(self) -> list[tuple[int, ActorStats]]:
+        drained = [(0, self.local_stats.drain())] if self.local_actor is not None else []
+        if self.actors is not None:
+            drained += self.actors.drain()
+        return drained
+
+    def check(self) -> None:
+        """Raise if an actor process failed."""
+        if self.actors is not None:
+            self.actors.check_alive()
+
+    def log(self, logger: MetricLogger) -> None:
+        """Nothing beyond the actors' counters."""
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def __exit__(self, *exc: Any) -> None:
+        self._exit.close()
+
+
+ReplaySourceFactory = Callable[[ReplaySourceContext], Any]
+
+
 # ---------------------------------------------------------------- learner side
 
 
@@ -303,6 +405,7 @@ def train_replay_agent(
     settings: RunSettings,
     should_stop: Callable[[int], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    source: ReplaySourceFactory = ReplayActorSource,
 ) -> dict[str, Any]:
     """Train until actors generated ``total_frames`` env frames (or a stop was asked).
 
@@ -312,6 +415,8 @@ def train_replay_agent(
         should_stop: optional ``updates -> bool`` polled after each update (stops like SIGINT).
         progress: optional ``(updates, frames) -> None`` called after each update
             (benchmarks time the learner with it).
+        source: builds where batches come from: actors with policy copies (Ape-X, R2D2)
+            or SEED's inference server (:mod:`distrl.seed_runner`).
 
     Returns:
         A summary: frames, updates, replay size and counters, mean return of the last 20
@@ -341,13 +446,24 @@ def train_replay_agent(
                                 / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, planned_updates)
-    store = WeightStore(model, shared=dist.actors > 0)
     loss = parts.make_loss(model)
-    learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, store)
     replay = make_replay(parts, frame_shape, obs_dtype, frame_stack, settings.kernel, per_group)
     generator = torch.Generator().manual_seed(settings.seed)
     prefetcher = Prefetcher(replay, parts.batch_size, generator)
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
+
+    def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        prefetcher.settle()
+        replay.add(batch, priorities)
+        counters["frames"] += batch.env_steps * frames_per_step
+        if len(replay) >= parts.replay.learning_starts and replay_ratio > 0:
+            counters["update_credit"] += replay_ratio * batch.size / parts.batch_size
+        logger.add("replay/inserted_per_batch", batch.size)
+
+    ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    experience = source(ReplaySourceContext(parts, settings, topology, model, insert,
+                                            frame_shape, obs_dtype, per_group, ctx))
+    learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights)
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:
         restore_learner(learner, resumed, opt.name, (loss, "loss"),
@@ -358,17 +474,7 @@ def train_replay_agent(
             local_writer_states = resumed["writers"]
         counters.update(resumed["counters"])
         checkpoint.set_rng_state(resumed["rng"])
-        store.publish(model, learner.updates)
-
-    ctx = mp.get_context("spawn") if dist.actors > 0 else None
-    slots: BatchSlots | None = None
-    if dist.actors > 0:
-        producers = dist.actors * dist.env_groups
-        policy = parts.make_policy(model, topology.epsilons[:1])
-        state_size = flatten_state(policy.initial_state(1), 1).shape[1]
-        slots = BatchSlots(
-            dist.slots or 2 * producers, parts.experience, per_group, parts.actor_buffer,
-            frame_shape, obs_dtype, frame_stack or 1, state_size, ctx)
+        experience.weights.publish(model, learner.updates)
 
     logger = MetricLogger(
         str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
@@ -383,17 +489,6 @@ def train_replay_agent(
     if not resumed:
         logger.text("config", f"```\n{settings.config_text}\n```")
 
-    local_actor: Actor | None = None
-    local_sinks: list[TransitionSink] = []
-
-    def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:
-        prefetcher.settle()
-        replay.add(batch, priorities)
-        counters["frames"] += batch.env_steps * frames_per_step
-        if len(replay) >= parts.replay.learning_starts and replay_ratio > 0:
-            counters["update_credit"] += replay_ratio * batch.size / parts.batch_size
-        logger.add("replay/inserted_per_batch", batch.size)
-
     def save_checkpoint() -> Path:
         state: dict[str, Any] = {
             "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
@@ -406,28 +501,18 @@ def train_replay_agent(
             state["replay"] = replay.state_dict()
             state["sample_generator"] = generator.get_state()
             state["prefetched"] = prefetcher.ready
-            state["writers"] = [sink.writer.state_dict() for sink in local_sinks] or None
+            state["writers"] = [sink.writer.state_dict()
+                                for sink in experience.local_sinks] or None
         return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
                                keep=settings.checkpoint.keep)
 
-    actors: ActorProcesses | None = None
-    local_stats = ActorStats()
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(logger.close)
         cleanup.callback(prefetcher.close)
-        if dist.actors == 0:
-            policy_model = parts.make_model(obs_shape, num_actions)
-            local_actor = build_replay_actor(parts, settings, topology, policy_model, store,
-                                             insert, 0, local_stats)
-            cleanup.callback(local_actor.close)
-            local_sinks = [group.sink for group in local_actor.groups]
-            if local_writer_states:
-                for sink, state in zip(local_sinks, local_writer_states, strict=True):
-                    sink.writer.load_state_dict(state)
-        else:
-            build = functools.partial(_replay_actor, parts, settings, topology, slots, store)
-            actors = cleanup.enter_context(
-                ActorProcesses(ctx, dist.actors, build, dist.actor_threads, settings.seed))
+        cleanup.enter_context(experience)
+        if local_writer_states:
+            for sink, state in zip(experience.local_sinks, local_writer_states, strict=True):
+                sink.writer.load_state_dict(state)
 
         def epsilon_range(actor_id: int) -> tuple[float, float]:
             mine = topology.epsilons[actor_id * dist.envs_per_actor:
@@ -435,10 +520,7 @@ def train_replay_agent(
             return float(mine.min()), float(mine.max())
 
         def collect_stats() -> None:
-            drained = [(0, local_stats.drain())] if local_actor is not None else []
-            if actors is not None:
-                drained += actors.drain()
-            for actor_id, stats in drained:
+            for actor_id, stats in experience.drain():
                 for ret in stats.episode_returns:
                     logger.add(f"actor{actor_id}/episode_return", ret)
                 low, high = epsilon_range(actor_id)
@@ -446,16 +528,7 @@ def train_replay_agent(
                 logger.add(f"actor{actor_id}/epsilon_max", high)
                 log_actor_stats(logger, stats, counters["frames"])
 
-        def receive(timeout: float) -> int:
-            """Insert every batch the actor processes sent; wait up to ``timeout`` for one."""
-            received = 0
-            while slots is not None:
-                item = slots.read(timeout if received == 0 else 0.0)
-                if item is None:
-                    break
-                insert(*item)
-                received += 1
-            return received
+        receive = experience.receive
 
         def can_update() -> bool:
             if len(replay) < parts.replay.learning_starts or len(replay) == 0:
@@ -471,14 +544,14 @@ def train_replay_agent(
             while not can_update():
                 if stop_requested() or counters["frames"] >= settings.total_frames:
                     return None
-                if local_actor is not None:
-                    local_actor.step()
+                if experience.serial:
+                    experience.step_local()
                     continue
                 if receive(timeout=1.0):
                     deadline = time.monotonic() + dist.start_timeout_s
                     continue
                 collect_stats()
-                actors.check_alive()
+                experience.check()
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no transitions from the actors within "
                                        f"distributed.start_timeout_s={dist.start_timeout_s}s")
@@ -516,6 +589,7 @@ def train_replay_agent(
                 logger.add("learner/replay_wait_s", waited)
                 logger.add("learner/data_wait_s", data_wait)
                 collect_stats()
+                experience.log(logger)
                 stop_now = (signals.requested or reached_return(settings, logger)
                             or (should_stop is not None and should_stop(learner.updates)))
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
@@ -554,4 +628,5 @@ def train_replay_agent(
             "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
             "learner_s": total_learner_time, "replay_wait_s": total_replay_wait,
+            **experience.summary(),
         }

@@ -63,6 +63,7 @@ class SeedSource:
         self._wait_s_seen = 0.0
         self._inference = InferenceStats()  # drained from the server, not yet logged
         self._calls, self._envs_inferred = 0, 0  # over the whole run, for summary()
+        self._restarts, self._dropped = 0, 0
 
     def __enter__(self) -> SeedSource:
         c, inf = self.ctx, self.settings
@@ -152,13 +153,17 @@ class SeedSource:
             wait_s = float(self.channels.wait_s.sum())
             logger.add("workers/action_wait_s", wait_s - self._wait_s_seen)
             self._wait_s_seen = wait_s
+        self._restarts += inference.restarts
+        self._dropped += inference.dropped_unrolls
         logger.add("workers/restarts", inference.restarts)
         logger.add("workers/dropped_unrolls", inference.dropped_unrolls)
 
     def summary(self) -> dict[str, Any]:
-        """Mean envs per inference call over the run, and inference calls made."""
+        """Mean envs per inference call over the run, inference calls made, worker restarts
+        and the partial unrolls they dropped."""
         return {"inference_batch_mean": self._envs_inferred / max(self._calls, 1),
-                "inference_calls": self._calls}
+                "inference_calls": self._calls, "worker_restarts": self._restarts,
+                "dropped_unrolls": self._dropped}
 
     def __exit__(self, *exc: Any) -> None:
         self._exit.close()

@@ -344,6 +344,32 @@ def test_serial_seed_trains_like_serial_impala(tmp_path):
         assert torch.equal(seed_state[name], value), name
 
 
+@pytest.mark.dist
+def test_training_goes_on_after_an_env_worker_is_killed(tmp_path):
+    """Kill env worker 0 at update 5: the run restarts it, drops its partial unroll and
+    keeps training; it stops 5 updates after the new worker 0 process appeared."""
+    killed: list[int] = []
+    restarted_at: list[int] = []
+
+    def worker_0() -> list[int]:
+        return [p.pid for p in mp.active_children() if p.name == "distrl-env-worker-0"]
+
+    def kill_then_stop_after_the_restart(updates: int) -> bool:
+        if updates == 5:
+            (pid,) = worker_0()
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        elif killed and not restarted_at and worker_0() not in ([], killed):
+            restarted_at.append(updates)
+        return bool(restarted_at) and updates >= restarted_at[0] + 5
+
+    result = seed.run(cartpole_config(tmp_path, "kill", total_frames=500 * 640),
+                      should_stop=kill_then_stop_after_the_restart)
+    assert len(killed) == 1 and restarted_at, "worker 0 was not restarted"
+    assert result["updates"] == restarted_at[0] + 5
+    assert result["worker_restarts"] == 1 and result["dropped_unrolls"] == 1
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
