@@ -1,5 +1,5 @@
 """Agent registry: name -> module. Agents import distrl only, never each other, except
-SEED, which trains with another agent's learner (SEED-IMPALA imports agents.impala)."""
+SEED, which trains with another agent's learner (agents.impala, agents.r2d2)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ Actors only step environments; one inference server on the learner batches every
 actor's observations, runs the newest model once per batch (on the learner's GPU
 when there is one), keeps each environment's recurrent state, and assembles the
 unrolls, which reach the learner without leaving its process. The learner is
-IMPALA's V-trace learner (SEED-IMPALA, Section 3): the same network, loss and
-hyperparameters, taken from ``agents/impala.py`` rather than written twice. Read top
-to bottom: config -> learner parts -> run.
+IMPALA's V-trace learner by default (SEED-IMPALA, Section 3), or R2D2's
+(``agent.learner=r2d2``, SEED-R2D2, the paper's Atari agent): the same networks,
+losses and hyperparameters, taken from ``agents/impala.py`` and ``agents/r2d2.py``
+rather than written twice. Read top to bottom: config -> run.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import impala
+from agents import impala, r2d2
 from distrl.config import ConfigError, check_choice, check_non_negative, check_positive
 
-LEARNERS = ("impala",)  # SEED-R2D2 (agent.learner=r2d2) is not built yet
+LEARNERS = ("impala", "r2d2")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -26,13 +27,15 @@ DEVICES = ("auto", "cpu", "cuda")
 class SeedConfig:
     """SEED settings: the learner's own config plus the inference server's.
 
-    SEED's Atari and DMLab runs keep their learner's hyperparameters (Espeholt et al.
-    2020, Appendix A), so ``agent.impala`` holds IMPALA's Table G.1 defaults.
+    SEED's runs keep their learner's hyperparameters (Espeholt et al. 2020, Appendix A),
+    so ``agent.impala`` holds IMPALA's Table G.1 defaults and ``agent.r2d2`` R2D2's
+    Table 2; only the one ``agent.learner`` names is used.
     """
 
     name: str = "seed"
     learner: str = "impala"  # which learner trains on the server's unrolls
     impala: impala.ImpalaConfig = field(default_factory=impala.ImpalaConfig)
+    r2d2: r2d2.R2D2Config = field(default_factory=r2d2.R2D2Config)
     max_inference_batch: int = 0  # most envs per inference call; 0 = all envs of the run
     inference_timeout_ms: float = 1.0  # dynamic batching: wait this long for more requests
     worker_timeout_s: float = 60.0  # an env worker silent this long after its actions is hung
@@ -42,9 +45,6 @@ class SeedConfig:
     def __post_init__(self) -> None:
         if self.name != "seed":
             raise ConfigError(f"agent.name must be 'seed' for SeedConfig, got {self.name!r}")
-        if self.learner == "r2d2":
-            raise ConfigError("agent.learner: SEED-R2D2 (r2d2) is not built yet; allowed: "
-                              + ", ".join(LEARNERS))
         check_choice("agent.learner", self.learner, LEARNERS)
         check_non_negative("agent.max_inference_batch", self.max_inference_batch)
         check_non_negative("agent.inference_timeout_ms", self.inference_timeout_ms)
@@ -53,19 +53,39 @@ class SeedConfig:
         check_choice("agent.device", self.device, DEVICES)
 
 
-def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
-    """Train SEED-IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is SeedConfig."""
+def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
+    """Train SEED with a :class:`distrl.config.RunConfig` whose ``agent`` is SeedConfig:
+    SEED-IMPALA through the unroll runner, SEED-R2D2 through the replay runner; only the
+    inference source differs from the plain agents. ``progress(updates, frames)`` is
+    called after each update of a replay learner (benchmarks time it)."""
     import functools
 
-    from distrl.runner import RunSettings, train_unroll_agent
-    from distrl.seed_runner import InferenceSettings, SeedSource
+    from distrl.runner import RunSettings
 
     agent: SeedConfig = cfg.agent
-    inference = InferenceSettings(
+    settings = RunSettings.from_config(cfg)
+    inference = dict(inference=_inference_settings(agent))
+    if agent.learner == "r2d2":
+        from distrl.replay_runner import train_replay_agent
+        from distrl.seed_runner import SeedReplaySource
+
+        parts = r2d2.parts(agent.r2d2, cfg.kernel)
+        parts.name = "seed"
+        return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
+                                  source=functools.partial(SeedReplaySource, **inference))
+    from distrl.runner import train_unroll_agent
+    from distrl.seed_runner import SeedSource
+
+    parts = impala.parts(agent.impala, cfg.kernel)
+    parts.name = "seed"
+    return train_unroll_agent(parts, settings, should_stop=should_stop,
+                              source=functools.partial(SeedSource, **inference))
+
+
+def _inference_settings(agent: SeedConfig) -> Any:
+    from distrl.seed_runner import InferenceSettings
+
+    return InferenceSettings(
         max_batch=agent.max_inference_batch, batch_timeout_s=agent.inference_timeout_ms / 1e3,
         worker_timeout_s=agent.worker_timeout_s,
         max_worker_restarts=agent.max_worker_restarts, device=agent.device)
-    parts = impala.parts(agent.impala, cfg.kernel)
-    parts.name = "seed"
-    return train_unroll_agent(parts, RunSettings.from_config(cfg), should_stop=should_stop,
-                              source=functools.partial(SeedSource, inference=inference))

@@ -9,15 +9,15 @@ figure quoted is the median over repeats. For scale it also measures ale-py's
 AtariVectorEnv stepping the same number of envs with random actions (same run,
 same machine) and prints the ratio.
 
-``agent=seed`` also times IMPALA with the same learner settings and topology (env
-workers become actors), alternating the two in each repeat, and prints SEED's mean
-inference batch size and the SEED/IMPALA frames/s ratio.
+``agent=seed`` also times its learner's plain agent (IMPALA, or R2D2 with
+``agent.learner=r2d2``) with the same settings and topology (env workers become
+actors), alternating the two in each repeat, and prints SEED's mean inference batch
+size and the frames/s ratio.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import platform
 import statistics
@@ -47,28 +47,32 @@ def load_config(overrides: list[str]):
     return OmegaConf.to_object(cfg)
 
 
-def impala_overrides(seed_overrides: list[str]) -> list[str]:
-    """The IMPALA run that matches a SEED run: its learner settings, the same topology."""
+def twin_overrides(seed_overrides: list[str], learner: str) -> list[str]:
+    """The plain agent run (IMPALA or R2D2) that matches a SEED run: the same learner
+    settings and topology, actors with policy copies instead of central inference."""
     out = []
     for override in seed_overrides:
         if override.startswith("agent="):
-            out.append("agent=impala")
-        elif override.startswith("agent.impala."):
-            out.append("agent." + override.removeprefix("agent.impala."))
-        elif not override.startswith("agent."):  # SEED's own settings have no IMPALA twin
+            out.append(f"agent={learner}")
+        elif override.startswith(f"agent.{learner}."):
+            out.append("agent." + override.removeprefix(f"agent.{learner}."))
+        elif not override.startswith("agent."):  # SEED's own settings have no twin
             out.append(override)
     return out
 
 
 def learner_config(cfg):
-    """The unroll/replay learner's settings (SEED keeps them under agent.impala)."""
-    return getattr(cfg.agent, "impala", cfg.agent)
+    """The unroll/replay learner's settings (SEED keeps them under agent.<learner>)."""
+    learner = getattr(cfg.agent, "learner", None)
+    return getattr(cfg.agent, learner) if learner else cfg.agent
 
 
-def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float, float | None]:
+def time_training(cfg, warmup_updates: int,
+                  updates: int) -> tuple[float, float, float | None, float | None]:
     """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
     timed part and, for replay agents, the fraction of learner time spent waiting on the
-    replay (the prefetched sample) over the whole run; for SEED, the mean inference batch."""
+    replay (the prefetched sample) over the whole run; for SEED, the mean inference batch
+    (envs per call) over the whole run."""
     stamps: dict[int, float] = {}
     frames_at: dict[int, int] = {}
 
@@ -80,7 +84,7 @@ def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float,
         frames_at[done] = frames
 
     run = agents.get(cfg.agent.name).run
-    replay_agent = "progress" in inspect.signature(run).parameters
+    replay_agent = hasattr(learner_config(cfg), "replay_capacity")
     with tempfile.TemporaryDirectory() as tmp:
         cfg.log.dir, cfg.log.name, cfg.log.tensorboard = tmp, "bench", False
         cfg.checkpoint.interval_s = 1e9
@@ -96,8 +100,8 @@ def time_training(cfg, warmup_updates: int, updates: int) -> tuple[float, float,
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
         frames = updates * result["frames"] / result["updates"]
-        wait = result.get("inference_batch_mean")
-    return frames / span, updates / span, wait
+        wait = None
+    return frames / span, updates / span, wait, result.get("inference_batch_mean")
 
 
 def ale_random_fps(
@@ -138,35 +142,41 @@ def main() -> None:
           f"actor_threads={dist.actor_threads} batch={learner_config(cfg).batch_size} "
           + (f"unroll={learner_config(cfg).unroll_length}"
              if hasattr(learner_config(cfg), "unroll_length") else
-             f"replay_ratio={cfg.agent.replay_ratio} learning_starts={cfg.agent.learning_starts}"))
+             f"replay_ratio={learner_config(cfg).replay_ratio} "
+             f"learning_starts={learner_config(cfg).learning_starts}"))
     seed = cfg.agent.name == "seed"
-    fps, ups, waits, impala_fps = [], [], [], []
+    fps, ups, waits, batches, twin_fps = [], [], [], [], []
     for repeat in range(args.repeats):
-        f, u, w = time_training(load_config(overrides), args.warmup_updates, args.updates)
+        f, u, w, b = time_training(load_config(overrides), args.warmup_updates, args.updates)
         fps.append(f)
         ups.append(u)
         waits.append(w)
-        shown = "" if w is None else (f", mean inference batch {w:.1f} envs" if seed else
-                                      f", {100 * w:.3f}% of learner time waiting on replay")
+        batches.append(b)
+        shown = "" if w is None else f", {100 * w:.3f}% of learner time waiting on replay"
+        shown += "" if b is None else f", mean inference batch {b:.1f} envs"
         print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s{shown}", flush=True)
         if seed:
-            f, u, _ = time_training(load_config(impala_overrides(overrides)),
-                                    args.warmup_updates, args.updates)
-            impala_fps.append(f)
-            print(f"repeat {repeat}: impala {f:,.0f} frames/s, {u:.3f} updates/s", flush=True)
+            f, u, _, _ = time_training(load_config(twin_overrides(overrides, cfg.agent.learner)),
+                                       args.warmup_updates, args.updates)
+            twin_fps.append(f)
+            print(f"repeat {repeat}: {cfg.agent.learner} {f:,.0f} frames/s, {u:.3f} updates/s",
+                  flush=True)
     median_fps = statistics.median(fps)
     shown = "" if waits[0] is None else (
-        f", mean inference batch {statistics.median(waits):.1f} envs" if seed else
         f", {100 * statistics.median(waits):.3f}% of learner time waiting on replay")
+    shown += "" if batches[0] is None else (
+        f", mean inference batch {statistics.median(batches):.1f} envs")
     print(f"{cfg.agent.name} median: {median_fps:,.0f} env frames/s, "
           f"{statistics.median(ups):.3f} learner updates/s{shown} over {args.repeats} repeats")
     if seed:
-        print(f"impala median (same settings, same run): {statistics.median(impala_fps):,.0f} "
-              f"env frames/s; seed/impala = {median_fps / statistics.median(impala_fps):.2f}")
-    if hasattr(cfg.agent, "trace_length"):  # R2D2: a batch is sequences of trained steps
-        per_s = statistics.median(ups) * cfg.agent.batch_size
-        print(f"learner: {per_s:,.1f} sequences/s ({per_s * cfg.agent.trace_length:,.0f} "
-              f"trained steps/s, plus {cfg.agent.burn_in} burn-in and {cfg.agent.n_step} "
+        twin = statistics.median(twin_fps)
+        print(f"{cfg.agent.learner} median (same settings, same run): {twin:,.0f} env "
+              f"frames/s; seed/{cfg.agent.learner} = {median_fps / twin:.2f}")
+    learner = learner_config(cfg)
+    if hasattr(learner, "trace_length"):  # R2D2: a batch is sequences of trained steps
+        per_s = statistics.median(ups) * learner.batch_size
+        print(f"learner: {per_s:,.1f} sequences/s ({per_s * learner.trace_length:,.0f} "
+              f"trained steps/s, plus {learner.burn_in} burn-in and {learner.n_step} "
               f"bootstrap steps per sequence)")
     if is_atari(cfg.env.id):
         envs = max(dist.actors, 1) * dist.envs_per_actor

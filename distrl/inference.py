@@ -91,6 +91,8 @@ class InferenceServer:
         frames_per_step: env frames per agent step (Atari's frame skip), for the counters.
         on_restart: called with (worker, exit code or None if it hung) after a restart;
             it may raise to end the run (too many restarts).
+        policy_for: the policy for one call's channels, when it depends on them (an
+            epsilon per env for Ape-X/R2D2 learners); ``policy`` otherwise.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class InferenceServer:
         start_timeout_s: float = 120.0,
         frames_per_step: int = 1,
         on_restart: Callable[[int, int | None], None] | None = None,
+        policy_for: Callable[[list[int]], Policy] | None = None,
     ):
         if len(groups) != channels.num_channels:
             raise ValueError(f"need one group per channel ({channels.num_channels}), "
@@ -125,6 +128,7 @@ class InferenceServer:
         self.start_timeout_s = start_timeout_s
         self.frames_per_step = frames_per_step
         self.on_restart = on_restart
+        self.policy_for = policy_for
         self.inference = InferenceStats()
         self.stats_lock = threading.Lock()  # the learner thread drains what this one counts
         self.open = [False] * len(groups)  # the channel's envs have begun (post_first seen)
@@ -184,9 +188,10 @@ class InferenceServer:
 
         sizes = [o.shape[0] for o in observations]
         groups = [self.groups[c] for c in batch]
+        policy = self.policy_for(batch) if self.policy_for is not None else self.policy
         with self.weights.lock:
             version = self.weights.version
-            output = self.policy(
+            output = policy(
                 torch.cat(observations).to(self.device),
                 tuple(torch.cat([g.core_state[i] for g in groups]).to(self.device)
                       for i in range(len(groups[0].core_state))),

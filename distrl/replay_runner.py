@@ -253,6 +253,7 @@ class ReplaySourceContext:
     frame_shape: tuple[int, ...]
     frame_dtype: torch.dtype
     per_group: int
+    frames_per_step: int
     mp_context: Any  # spawn context, or None in one process
 
 
@@ -462,7 +463,8 @@ def train_replay_agent(
 
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
     experience = source(ReplaySourceContext(parts, settings, topology, model, insert,
-                                            frame_shape, obs_dtype, per_group, ctx))
+                                            frame_shape, obs_dtype, per_group,
+                                            frames_per_step, ctx))
     learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights)
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:

@@ -1,6 +1,13 @@
-"""SEED RL's topology as an experience source for the unroll runner: env workers step
-environments, the inference server in this process acts for all of them and builds
-the unrolls, and the learner trains on them (Espeholt et al. 2020, Figure 1).
+"""SEED RL's topology as an experience source for the unroll and replay runners: env
+workers step environments, the inference server in this process acts for all of them
+and builds the experience, and the learner trains on it (Espeholt et al. 2020, Fig. 1).
+
+- :class:`SeedSource` (SEED-IMPALA): the server's channels fill unroll slots that the
+  V-trace learner takes (:func:`distrl.runner.train_unroll_agent`).
+- :class:`SeedReplaySource` (SEED-R2D2): the server's channels write sequences, the
+  server gives them their initial priorities with the inference model, and the learner
+  thread inserts them into its prioritized replay
+  (:func:`distrl.replay_runner.train_replay_agent`).
 
 With ``distributed.actors == 0`` the envs step in this process and the server runs in
 the training loop (serial mode, deterministic); otherwise ``distributed.actors`` env
@@ -11,18 +18,21 @@ runs in a thread beside the learner.
 from __future__ import annotations
 
 import contextlib
+import functools
+import queue
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from distrl.actor import ActorStats, EnvGroup, UnrollSink
-from distrl.config import ConfigError
+from distrl.actor import ActorStats, ActorStopped, EnvGroup, Sink, TransitionSink, UnrollSink
+from distrl.config import ConfigError, DistributedConfig, EnvConfig
 from distrl.env_workers import Channels, EnvWorkers, LocalChannels
 from distrl.envs import env_seed, make_envs
 from distrl.inference import InferenceServer, InferenceStats, InferenceWeights, ServerThread
 from distrl.logging import MetricLogger
+from distrl.replay_runner import ReplayBatch, ReplaySourceContext
 from distrl.runner import SourceContext, wait_for_slots
 
 
@@ -46,89 +56,74 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class SeedSource:
-    """Unrolls built by SEED's inference server (see the module docstring)."""
+class _ServerSource:
+    """What both SEED sources share: the inference model, the channels and workers, the
+    server (and its thread), restarts, and the inference figures."""
 
-    def __init__(self, ctx: SourceContext, inference: InferenceSettings):
-        self.ctx = ctx
+    def __init__(self, inference: InferenceSettings, make_model: Any,
+                 learner_model: torch.nn.Module, obs_shape: tuple[int, ...], num_actions: int):
         self.settings = inference
         self.device = resolve_device(inference.device)
-        model = ctx.parts.make_model(ctx.obs_shape, ctx.num_actions)
-        model.load_state_dict(ctx.model.state_dict())
+        model = make_model(obs_shape, num_actions)
+        model.load_state_dict(learner_model.state_dict())
         self.inference_model = model.to(self.device).eval()
         self.weights = InferenceWeights(self.inference_model)
         self.server: InferenceServer | None = None
         self.thread: ServerThread | None = None
+        self.stopping = False  # set on exit, so a server blocked on a full queue gives up
         self._exit = contextlib.ExitStack()
         self._wait_s_seen = 0.0
         self._inference = InferenceStats()  # drained from the server, not yet logged
-        self._calls, self._envs_inferred = 0, 0  # over the whole run, for summary()
-        self._restarts, self._dropped = 0, 0
+        self._calls = self._envs_inferred = self._restarts = self._dropped = 0
+        self.stats = ActorStats()  # the server's step counters, and its sinks' waits
 
-    def __enter__(self) -> SeedSource:
-        c, inf = self.ctx, self.settings
-        dist = c.settings.distributed
-        workers = max(dist.actors, 1)
-        num_channels = workers * dist.env_groups
-        stats = ActorStats()
-        stopping = {"now": False}
-        groups = [EnvGroup(None, UnrollSink(c.pool, c.parts.unroll_length, stats,
-                                            lambda: stopping["now"]))
-                  for _ in range(num_channels)]
+    def _start(self, env: EnvConfig, dist: DistributedConfig, seed: int, per_group: int,
+               obs_shape: tuple[int, ...], obs_dtype: torch.dtype, mp_context: Any,
+               sinks: list[Sink], policy: Any, frames_per_step: int,
+               policy_for: Any = None) -> None:
+        """Open the channels (local envs, or worker processes) and the server over them."""
+        num_channels = len(sinks)
         env_workers = None
         if dist.actors == 0:
             channels: Any = LocalChannels([
-                make_envs(c.settings.env, c.per_group,
-                          env_seed(c.settings.seed, 0, g, dist.env_groups, c.per_group),
+                make_envs(env, per_group, env_seed(seed, 0, g, dist.env_groups, per_group),
                           num_threads=dist.env_threads)
                 for g in range(dist.env_groups)])
             self._exit.callback(channels.close)
         else:
-            obs_dtype = c.pool.specs["observations"].dtype
-            channels = Channels(c.pool.mp_context, num_channels, c.per_group, c.obs_shape,
-                                obs_dtype)
+            channels = Channels(mp_context, num_channels, per_group, obs_shape, obs_dtype)
             env_workers = self._exit.enter_context(EnvWorkers(
-                c.pool.mp_context, dist.actors, dist.env_groups, c.settings.env,
-                dist.env_threads, c.settings.seed, channels))
+                mp_context, dist.actors, dist.env_groups, env, dist.env_threads, seed, channels))
         self.channels = channels
+        inf = self.settings
         self.server = InferenceServer(
-            channels, groups, c.parts.make_policy(self.inference_model), self.weights, stats,
-            max_batch=inf.max_batch or num_channels * c.per_group,
+            channels, [EnvGroup(None, sink) for sink in sinks], policy, self.weights,
+            self.stats, max_batch=inf.max_batch or num_channels * per_group,
             batch_timeout_s=inf.batch_timeout_s, device=self.device, workers=env_workers,
             worker_timeout_s=inf.worker_timeout_s, start_timeout_s=dist.start_timeout_s,
-            frames_per_step=c.frames_per_step, on_restart=self._on_restart)
+            frames_per_step=frames_per_step, on_restart=self._on_restart,
+            policy_for=policy_for)
         if env_workers is not None:
             self.thread = self._exit.enter_context(ServerThread(self.server))
-            # Registered last so it runs first: a server blocked on a free slot gives up.
-            self._exit.callback(lambda: stopping.update(now=True))
-        return self
+            # Registered last so it runs first: a server blocked on a full sink gives up.
+            self._exit.callback(lambda: setattr(self, "stopping", True))
+
+    def should_stop(self) -> bool:
+        return self.stopping
 
     def _on_restart(self, worker: int, exitcode: int | None) -> None:
-        assert self.server is not None
-        restarts = sum(self.server.workers.generations) if self.server.workers else 0
+        assert self.server is not None and self.server.workers is not None
+        restarts = sum(self.server.workers.generations)
         how = f"exited with code {exitcode}" if exitcode is not None else "hung"
-        print(f"[distrl] env worker {worker} {how}: restarted, its partial unrolls dropped "
-              f"({restarts} restarts so far)", flush=True)
+        print(f"[distrl] env worker {worker} {how}: restarted, its partial experience "
+              f"dropped ({restarts} restarts so far)", flush=True)
         if restarts > self.settings.max_worker_restarts:
             raise RuntimeError(
                 f"env workers were restarted {restarts} times, more than "
                 f"agent.max_worker_restarts={self.settings.max_worker_restarts}; see the "
                 "worker tracebacks above")
 
-    def next_batch(self, count: int, first: bool,
-                   on_wait: Any) -> tuple[list[int], float]:
-        pool = self.ctx.pool
-        assert self.server is not None
-        if self.thread is None:
-            while pool.full.qsize() < count:
-                self.server.step()
-            return pool.take(count)
-        thread = self.thread
-        return wait_for_slots(pool, count, self.ctx.settings.distributed.start_timeout_s
-                              if first else None, "the env workers",
-                              lambda: (on_wait(), thread.check()))
-
-    def drain(self) -> list[ActorStats]:
+    def _drain_server(self) -> ActorStats:
         assert self.server is not None
         if self.thread is not None:
             self.thread.check()
@@ -137,7 +132,12 @@ class SeedSource:
         self._inference.latency_s += inference.latency_s
         self._inference.restarts += inference.restarts
         self._inference.dropped_unrolls += inference.dropped_unrolls
-        return [stats]
+        return stats
+
+    def check(self) -> None:
+        """Raise if the server thread failed (too many restarts, an error in inference)."""
+        if self.thread is not None:
+            self.thread.check()
 
     def log(self, logger: MetricLogger) -> None:
         """Inference figures: batch size (mean and histogram), latency, worker wait."""
@@ -160,10 +160,125 @@ class SeedSource:
 
     def summary(self) -> dict[str, Any]:
         """Mean envs per inference call over the run, inference calls made, worker restarts
-        and the partial unrolls they dropped."""
+        and the partial unrolls or sequence batches they dropped."""
         return {"inference_batch_mean": self._envs_inferred / max(self._calls, 1),
                 "inference_calls": self._calls, "worker_restarts": self._restarts,
                 "dropped_unrolls": self._dropped}
 
     def __exit__(self, *exc: Any) -> None:
         self._exit.close()
+
+
+class SeedSource(_ServerSource):
+    """Unrolls built by SEED's inference server, for the V-trace learner (SEED-IMPALA)."""
+
+    def __init__(self, ctx: SourceContext, inference: InferenceSettings):
+        super().__init__(inference, ctx.parts.make_model, ctx.model, ctx.obs_shape,
+                         ctx.num_actions)
+        self.ctx = ctx
+
+    def __enter__(self) -> SeedSource:
+        c = self.ctx
+        dist = c.settings.distributed
+        num_channels = max(dist.actors, 1) * dist.env_groups
+        sinks: list[Sink] = [UnrollSink(c.pool, c.parts.unroll_length, self.stats,
+                                        self.should_stop) for _ in range(num_channels)]
+        self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.obs_shape,
+                    c.pool.specs["observations"].dtype, c.pool.mp_context, sinks,
+                    c.parts.make_policy(self.inference_model), c.frames_per_step)
+        return self
+
+    def next_batch(self, count: int, first: bool, on_wait: Any) -> tuple[list[int], float]:
+        pool = self.ctx.pool
+        assert self.server is not None
+        if self.thread is None:
+            while pool.full.qsize() < count:
+                self.server.step()
+            return pool.take(count)
+        return wait_for_slots(pool, count, self.ctx.settings.distributed.start_timeout_s
+                              if first else None, "the env workers",
+                              lambda: (on_wait(), self.check()))
+
+    def drain(self) -> list[ActorStats]:
+        return [self._drain_server()]
+
+
+class SeedReplaySource(_ServerSource):
+    """Sequences (or n-step transitions) built by SEED's inference server for a replay
+    learner (SEED-R2D2). Every env acts with its own epsilon of the ladder, in whatever
+    batch it lands; new items get their priorities from the inference model, i.e. the
+    newest weights (the learner's ``weight_sync_steps`` does not apply)."""
+
+    def __init__(self, ctx: ReplaySourceContext, inference: InferenceSettings):
+        super().__init__(inference, ctx.parts.make_model, ctx.model, ctx.topology.obs_shape,
+                         ctx.topology.num_actions)
+        self.ctx = ctx
+        self.serial = ctx.settings.distributed.actors == 0
+        self.local_sinks: list[TransitionSink] = []
+        self.arrived: queue.Queue = queue.Queue(maxsize=4 * max(1, self._num_channels()))
+
+    def _num_channels(self) -> int:
+        dist = self.ctx.settings.distributed
+        return max(dist.actors, 1) * dist.env_groups
+
+    def __enter__(self) -> SeedReplaySource:
+        c = self.ctx
+        parts, dist = c.parts, c.settings.distributed
+        sinks = []
+        for channel in range(self._num_channels()):
+            writer = parts.experience.make_writer(c.per_group, c.topology.frame_stack,
+                                                  stream=channel)
+            sinks.append(TransitionSink(writer, parts.actor_buffer,
+                                        functools.partial(self._prioritise_and_emit, writer),
+                                        parts.transform_rewards))
+        if self.serial:
+            self.local_sinks = sinks
+        epsilons = c.topology.epsilons  # env e of channel k is env k * per_group + e
+
+        def policy_for(channels: list[int]) -> Any:
+            mine = torch.cat([epsilons[k * c.per_group:(k + 1) * c.per_group]
+                              for k in channels])
+            return parts.make_policy(self.inference_model, mine.to(self.device))
+
+        self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.topology.obs_shape,
+                    c.frame_dtype, c.mp_context, sinks,
+                    parts.make_policy(self.inference_model, epsilons[:1]),
+                    c.frames_per_step, policy_for=policy_for)
+        return self
+
+    def _prioritise_and_emit(self, writer: Any, batch: ReplayBatch) -> None:
+        """Runs in the server: initial priorities with the inference model, then to the
+        learner (directly in serial mode, else through a bounded queue)."""
+        sample = self.ctx.parts.experience.as_sample(writer, batch)
+        with self.weights.lock:
+            priorities = self.ctx.parts.initial_priorities(self.inference_model, sample).float()
+        if self.serial:
+            self.ctx.insert(batch, priorities.cpu())
+            return
+        while True:
+            try:
+                self.arrived.put((batch, priorities.cpu()), timeout=0.5)
+                return
+            except queue.Full:
+                if self.stopping:
+                    raise ActorStopped from None
+
+    def step_local(self) -> None:
+        assert self.server is not None
+        self.server.step()
+
+    def receive(self, timeout: float) -> int:
+        """Insert every batch the server made; wait up to ``timeout`` for one."""
+        received = 0
+        while not self.serial:
+            try:
+                item = self.arrived.get(timeout=timeout) if received == 0 and timeout > 0 \
+                    else self.arrived.get_nowait()
+            except queue.Empty:
+                break
+            self.ctx.insert(*item)
+            received += 1
+        return received
+
+    def drain(self) -> list[tuple[int, ActorStats]]:
+        return [(0, self._drain_server())]

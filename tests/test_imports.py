@@ -52,6 +52,7 @@ SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
     ("replay", "replay.*"),
     ("replay_runner", "runner"),  # shares the run directory, signals and actor processes
     ("seed_runner", "runner"),  # a SEED source for the unroll runner's training loop
+    ("seed_runner", "replay_runner"),  # and one for the replay runner's
     ("inference", "actor"),  # channels are env groups with unroll sinks, as on actors
     ("inference", "env_workers"),  # the server restarts the workers it serves
 ]
@@ -156,7 +157,8 @@ def distrl_violations(module: str, source: str, package_dir: Path) -> list[str]:
 
 
 # SEED trains with another agent's learner, so it may import that agent (nothing else may).
-AGENT_IMPORTS_ALLOWED: list[tuple[str, str]] = [("seed", "agents.impala")]
+AGENT_IMPORTS_ALLOWED: list[tuple[str, str]] = [("seed", "agents.impala"),
+                                                ("seed", "agents.r2d2")]
 
 
 def agent_violations(module: str, source: str) -> list[str]:

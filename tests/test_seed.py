@@ -13,8 +13,9 @@ import pytest
 import seed_envs
 import torch
 import torch.multiprocessing as mp
+from presets import compose_preset
 
-from agents import impala, seed
+from agents import impala, r2d2, seed
 from distrl.actor import Actor, ActorStats, EnvGroup, PolicyOutput, UnrollSink
 from distrl.config import (
     CheckpointConfig,
@@ -310,8 +311,7 @@ def cartpole_config(tmp_path, name: str, actors: int = 2, total_frames: int = 1_
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("learner", "r2d2", "agent.learner: SEED-R2D2 (r2d2) is not built yet; allowed: impala"),
-    ("learner", "ppo", "agent.learner must be one of impala; got 'ppo'"),
+    ("learner", "ppo", "agent.learner must be one of impala, r2d2; got 'ppo'"),
     ("device", "tpu", "agent.device must be one of auto, cpu, cuda; got 'tpu'"),
     ("max_inference_batch", -1, "agent.max_inference_batch"),
     ("worker_timeout_s", 0, "agent.worker_timeout_s"),
@@ -342,6 +342,63 @@ def test_serial_seed_trains_like_serial_impala(tmp_path):
                               weights_only=False)["learner"]["model"]
     for name, value in impala_state.items():
         assert torch.equal(seed_state[name], value), name
+
+
+# ---------------------------------------------------------------- SEED-R2D2
+
+
+def test_seed_r2d2_preset_is_the_r2d2_preset_behind_central_inference(tmp_path):
+    seed_cfg = compose_preset(tmp_path, "seed_r2d2_cartpole", "a")
+    r2d2_cfg = compose_preset(tmp_path, "r2d2_cartpole", "b")
+    assert seed_cfg.agent.learner == "r2d2" and seed_cfg.env == r2d2_cfg.env
+    assert (seed_cfg.distributed, seed_cfg.total_frames) == (r2d2_cfg.distributed,
+                                                             r2d2_cfg.total_frames)
+    mine, theirs = dataclasses.asdict(seed_cfg.agent.r2d2), dataclasses.asdict(r2d2_cfg.agent)
+    # weight_sync_steps has no meaning for SEED: inference always uses the newest weights.
+    assert {k for k in mine if mine[k] != theirs[k]} == {"weight_sync_steps"}
+
+
+def test_serial_seed_r2d2_fills_the_replay_as_serial_r2d2(tmp_path):
+    """Before the first update (learning starts late) the weights are the same, so the
+    server must write the same sequences, stored states and initial priorities as the
+    R2D2 actor: the replays are bit-identical after 3,000 steps of 8 envs."""
+    common = ("total_frames=3000", "agent.learning_starts=40000", "checkpoint.replay=true")
+    ours = seed.run(compose_preset(tmp_path, "seed_r2d2_cartpole", "seed",
+                                   *[o.replace("agent.", "agent.r2d2.") for o in common]))
+    theirs = r2d2.run(compose_preset(tmp_path, "r2d2_cartpole", "r2d2", *common))
+    assert ours["inserted"] == theirs["inserted"] > 200 and ours["updates"] == 0
+    a = torch.load(ours["checkpoint"], weights_only=False)["replay"]
+    b = torch.load(theirs["checkpoint"], weights_only=False)["replay"]
+
+    def assert_same(x, y, where=""):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys(), where
+            for key in x:
+                assert_same(x[key], y[key], f"{where}.{key}")
+        elif isinstance(x, (list, tuple)):
+            assert len(x) == len(y), where
+            for i, (u, v) in enumerate(zip(x, y, strict=True)):
+                assert_same(u, v, f"{where}[{i}]")
+        elif isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), where
+        else:
+            assert x == y, where
+
+    assert_same(a, b)
+
+
+@pytest.mark.dist
+def test_seed_r2d2_trains_with_two_env_worker_processes(tmp_path):
+    """SEED-R2D2 end to end with 2 env workers: sequences arrive through the server's
+    queue at the replay ratio, and the run does its updates and exits."""
+    cfg = compose_preset(tmp_path, "seed_r2d2_cartpole", "w2", "distributed.actors=2",
+                         "distributed.envs_per_actor=4", "total_frames=6000")
+    result = seed.run(cfg)
+    assert result["frames"] >= 6000 and result["updates"] > 50
+    # 4 sampled per sequence inserted once learning started (at 100 sequences).
+    credit = 4 * (result["inserted"] - 100)
+    assert 0.8 * credit <= result["sampled"] <= credit + 32
+    assert result["inference_batch_mean"] > 4  # calls served both workers' envs at once
 
 
 @pytest.mark.dist
