@@ -89,8 +89,8 @@ class InferenceServer:
         worker_timeout_s: a worker silent this long after its actions counts as hung.
         start_timeout_s: the same, for a worker's first request after it started.
         frames_per_step: env frames per agent step (Atari's frame skip), for the counters.
-        on_restart: called with (worker, exit code or None if it hung) after a restart;
-            it may raise to end the run (too many restarts).
+        on_restart: called with (worker, exit code or None if it hung) before a worker is
+            restarted; it may raise to end the run (too many restarts).
         policy_for: the policy for one call's channels, when it depends on them (an
             epsilon per env for Ape-X/R2D2 learners); ``policy`` otherwise.
     """
@@ -245,11 +245,11 @@ class InferenceServer:
                     with self.stats_lock:
                         self.inference.dropped_unrolls += 1
                 self.open[channel] = False
+            if self.on_restart is not None:  # may raise: then no doomed worker is started
+                self.on_restart(worker, exitcode)
             self.workers.restart(worker)
             with self.stats_lock:
                 self.inference.restarts += 1
-            if self.on_restart is not None:
-                self.on_restart(worker, exitcode)
         return sorted(failed)
 
 

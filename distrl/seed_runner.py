@@ -113,15 +113,16 @@ class _ServerSource:
 
     def _on_restart(self, worker: int, exitcode: int | None) -> None:
         assert self.server is not None and self.server.workers is not None
-        restarts = sum(self.server.workers.generations)
+        restarts = sum(self.server.workers.generations) + 1
         how = f"exited with code {exitcode}" if exitcode is not None else "hung"
-        print(f"[distrl] env worker {worker} {how}: restarted, its partial experience "
-              f"dropped ({restarts} restarts so far)", flush=True)
-        if restarts > self.settings.max_worker_restarts:
+        if restarts <= self.settings.max_worker_restarts:
+            print(f"[distrl] env worker {worker} {how}: restarting it, its partial experience "
+                  f"dropped ({restarts} restarts so far)", flush=True)
+        else:
             raise RuntimeError(
-                f"env workers were restarted {restarts} times, more than "
-                f"agent.max_worker_restarts={self.settings.max_worker_restarts}; see the "
-                "worker tracebacks above")
+                f"env worker {worker} {how}: env workers would be restarted {restarts} times, "
+                f"more than agent.max_worker_restarts={self.settings.max_worker_restarts}; "
+                "see the worker tracebacks above")
 
     def _drain_server(self) -> ActorStats:
         assert self.server is not None

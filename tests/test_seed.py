@@ -427,6 +427,19 @@ def test_training_goes_on_after_an_env_worker_is_killed(tmp_path):
     assert result["worker_restarts"] == 1 and result["dropped_unrolls"] == 1
 
 
+@pytest.mark.dist
+def test_a_worker_that_keeps_failing_ends_the_run_with_its_cause(tmp_path, capfd):
+    """An env that raises on its 30th step: restarted once (max_worker_restarts=1), then
+    the run stops with an error naming the setting; no worker process is left behind."""
+    cfg = cartpole_config(tmp_path, "crash", total_frames=10**6, max_worker_restarts=1)
+    cfg.env = EnvConfig(id="DistrlCrashAfter-v0", imports=["crashing_env"])
+    with pytest.raises(RuntimeError, match=r"exited with code 1: env workers would be "
+                       r"restarted 2 times, more than agent\.max_worker_restarts=1"):
+        seed.run(cfg)
+    assert "DistrlCrashAfter-v0 crashed on purpose" in capfd.readouterr().err
+    assert not [p for p in mp.active_children() if p.name.startswith("distrl-env-worker")]
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
