@@ -62,6 +62,9 @@ class Learner:
         optimizer, scheduler: stepped once per update.
         max_grad_norm: global-norm gradient clipping threshold.
         weights: where new versions are published for actors, or None.
+        sync_gradients: called after backward, before clipping, to average gradients
+            across learner ranks (:class:`distrl.distributed.GradientAverager`); its
+            ``last_s`` is logged as ``learner/allreduce_s``.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class Learner:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         max_grad_norm: float,
         weights: WeightStore | None = None,
+        sync_gradients: Any = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -79,6 +83,7 @@ class Learner:
         self.scheduler = scheduler
         self.max_grad_norm = max_grad_norm
         self.weights = weights
+        self.sync_gradients = sync_gradients
         self.updates = 0
 
     @property
@@ -93,6 +98,8 @@ class Learner:
         loss, metrics, priorities = self.loss_fn(self.model, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.sync_gradients is not None:
+            self.sync_gradients(self.model)
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         metrics = dict(metrics)
         metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -104,6 +111,8 @@ class Learner:
         metrics["learner/loss"] = float(loss.detach())
         metrics["learner/grad_norm"] = float(grad_norm)
         metrics["learner/step_s"] = time.perf_counter() - start
+        if self.sync_gradients is not None:
+            metrics["learner/allreduce_s"] = self.sync_gradients.last_s
         return metrics, priorities
 
     def state_dict(self) -> dict[str, Any]:

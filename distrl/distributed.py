@@ -1,0 +1,126 @@
+"""Data-parallel learners under torchrun: process-group setup from torchrun's environment,
+gradient averaging across learner ranks, and weight broadcast from rank 0.
+
+``torchrun --standalone --nproc_per_node=N run.py ...`` sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK`` and the rendezvous address; :func:`init_from_env` joins that group with
+NCCL when every rank has a GPU of its own and gloo otherwise. Gradients are averaged
+with one all-reduce per bucket (:class:`GradientAverager`), so after each update the
+parameters are identical on every rank; rank 0's weights are broadcast at start
+(:func:`broadcast_parameters`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "nccl" or "gloo"
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes tensorboard and the model checkpoint."""
+        return self.rank == 0
+
+
+def launched_by_torchrun() -> bool:
+    """True when torchrun (or another launcher) set ``WORLD_SIZE`` above 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def choose_backend(world_size_on_host: int) -> str:
+    """NCCL when this host has a GPU for every local rank, else gloo (CPU tensors)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size_on_host:
+        return "nccl"
+    return "gloo"
+
+
+def init_from_env(timeout_s: float = 300.0) -> RankInfo | None:
+    """Join torchrun's process group, or return None for a single-process run.
+
+    ``timeout_s`` bounds every collective: a rank whose peer died raises instead of
+    hanging forever (torchrun then ends the whole job).
+    """
+    if not launched_by_torchrun():
+        return None
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    backend = choose_backend(local_world)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
+
+
+def shutdown() -> None:
+    """Leave the process group (on success, error or SIGTERM alike)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_parameters(model: nn.Module, src: int = 0, group: dist.ProcessGroup | None = None
+                         ) -> None:
+    """Overwrite every rank's parameters and buffers with rank ``src``'s."""
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src, group=group)
+
+
+class GradientAverager:
+    """Averages ``.grad`` over the ranks of ``group`` after backward: gradients are packed
+    into flat buckets of at most ``bucket_bytes`` and all-reduced (SUM, then divided by
+    the world size), as DistributedDataParallel does.
+
+    With a loss that averages over the batch, each rank's step then equals one step on
+    the concatenation of every rank's batch; with a loss that sums over the batch
+    (IMPALA's), it equals that step with the loss divided by the world size.
+    """
+
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None,
+                 bucket_bytes: int = BUCKET_BYTES):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.buckets: list[list[nn.Parameter]] = []
+        bucket: list[nn.Parameter] = []
+        size = 0
+        for p in self.params:
+            nbytes = p.numel() * p.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(p)
+            size += nbytes
+        if bucket:
+            self.buckets.append(bucket)
+        self.last_s = 0.0  # seconds the last call spent in all-reduce
+
+    def __call__(self, model: nn.Module) -> None:
+        start = time.perf_counter()
+        for bucket in self.buckets:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            flat /= self.world_size
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+        self.last_s = time.perf_counter() - start

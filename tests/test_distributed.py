@@ -1,0 +1,124 @@
+"""distrl.distributed with 2 gloo ranks (torch.multiprocessing): gradient averaging keeps
+the ranks' parameters identical and equal to one step on the concatenated batch, the
+broadcast delivers rank 0's weights, and a failing rank ends a torchrun job."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from distrl.distributed import GradientAverager, broadcast_parameters, init_from_env
+from distrl.learner import Learner, make_lr_schedule
+
+pytestmark = pytest.mark.dist
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(123)
+    return torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)
+
+
+def _mean_squared_loss(model: nn.Module, batch) -> tuple[torch.Tensor, dict, None]:
+    inputs, targets = batch
+    return ((model(inputs) - targets) ** 2).mean(), {}, None
+
+
+def _learner(model: nn.Module, sync=None) -> Learner:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # Adam would hide a scale error
+    return Learner(model, _mean_squared_loss, optimizer,
+                   make_lr_schedule(optimizer, "constant", 10), 1e9, sync_gradients=sync)
+
+
+def _rank_main(rank: int, port: int, out_dir: str, task: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    info = init_from_env(timeout_s=60)
+    assert info is not None and info.backend == "gloo" and info.rank == rank
+    try:
+        if task == "step":
+            model = _model(0)
+            inputs, targets = _batch()
+            half = inputs.shape[0] // WORLD
+            mine = slice(rank * half, (rank + 1) * half)
+            learner = _learner(model, GradientAverager(model, bucket_bytes=256))
+            metrics, _ = learner.step((inputs[mine], targets[mine]))
+            assert metrics["learner/allreduce_s"] > 0
+        else:  # broadcast: every rank starts from its own random weights
+            model = _model(100 + rank)
+            broadcast_parameters(model, src=0)
+        torch.save(model.state_dict(), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(tmp_path: Path, task: str) -> list[dict[str, torch.Tensor]]:
+    mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path), task), nprocs=WORLD,
+                       start_method="spawn", join=True)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def test_one_averaged_step_equals_a_single_process_step_on_the_whole_batch(tmp_path):
+    states = _run_ranks(tmp_path, "step")
+    single = _model(0)
+    _learner(single).step(_batch())
+    for name, value in single.state_dict().items():
+        assert torch.equal(states[0][name], states[1][name]), name  # bit-identical ranks
+        torch.testing.assert_close(states[0][name], value, rtol=1e-5, atol=1e-6)
+    # The step moved the weights (a test that compares untouched weights cannot fail).
+    assert not torch.equal(states[0]["0.weight"], _model(0).state_dict()["0.weight"])
+
+
+def test_broadcast_delivers_rank_0s_weights(tmp_path):
+    states = _run_ranks(tmp_path, "broadcast")
+    expected = _model(100).state_dict()
+    assert not torch.equal(expected["0.weight"], _model(101).state_dict()["0.weight"])
+    for state in states:
+        for name, value in expected.items():
+            assert torch.equal(state[name], value), name
+
+
+FAILING_RANK = """
+import sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, {root!r})
+from distrl.distributed import init_from_env
+info = init_from_env(timeout_s=600)
+if info.rank == 1:
+    raise RuntimeError("rank 1 fails on purpose")
+dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that is gone
+time.sleep(600)
+"""
+
+
+def test_a_rank_that_raises_ends_the_torchrun_job_non_zero_in_bounded_time(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK.format(root=str(Path(__file__).resolve().parents[1])))
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "rank 1 fails on purpose" in proc.stdout + proc.stderr
