@@ -10,6 +10,7 @@ end with the run, also when it fails or is interrupted.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -29,7 +30,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch import nn
 
-from distrl import checkpoint, ops
+from distrl import checkpoint, distributed, ops
 from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, UnrollSink
 from distrl.config import (
     CheckpointConfig,
@@ -99,9 +100,10 @@ def reached_return(settings: RunSettings, logger: MetricLogger) -> bool:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python, numpy (which takes only 32 bits) and torch from one integer."""
     random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed % 2**63)
 
 
 def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str, Any] | None]:
@@ -127,6 +129,33 @@ def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str
             f"pass resume={run_dir} to continue it or choose another log.name"
         )
     return run_dir, None
+
+
+def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None
+                      ) -> tuple[Path, dict[str, Any] | None]:
+    """:func:`make_run_dir` on rank 0, the same directory on every other rank (each rank
+    loads the checkpoint it resumes from itself); a checkpoint written by another number
+    of learner ranks is refused."""
+    if ranks is None or ranks.is_main:
+        run_dir, resumed = make_run_dir(settings, agent_name)
+    else:
+        resumed = checkpoint.load(settings.resume) if settings.resume else None
+        run_dir = None
+    run_dir = Path(str(distributed.from_rank_0(str(run_dir), ranks)))
+    world = ranks.world_size if ranks is not None else 1
+    if resumed is not None and resumed.get("world_size", 1) != world:
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint '{settings.resume}' was written by {resumed.get('world_size', 1)}"
+            f" learner rank(s), this run has {world}; relaunch with the same "
+            "torchrun --nproc_per_node/--nnodes (replay shards and batches are per rank)")
+    return run_dir, resumed
+
+
+def settings_for_rank(settings: RunSettings, ranks: distributed.RankInfo | None) -> RunSettings:
+    """The settings a rank's actors use: another seed per rank, so ranks play other episodes."""
+    if ranks is None:
+        return settings
+    return dataclasses.replace(settings, seed=settings.seed + 7_919 * ranks.rank)
 
 
 @dataclass
@@ -290,9 +319,9 @@ def _actor_process(
     """Entry point of one actor process: act until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process decides when to stop
     torch.set_num_threads(threads)
-    seed_everything(seed * 1_000_003 + actor_id + 1)
     actor = None
-    try:
+    try:  # everything that can fail reports its traceback to the learner
+        seed_everything(seed * 1_000_003 + actor_id + 1)
         stats = ActorStats()
 
         def should_stop() -> bool:
@@ -525,14 +554,33 @@ def train_unroll_agent(
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
     kernel_line = check_kernel(settings)
-    run_dir, resumed = make_run_dir(settings, parts.name)
+    ranks = distributed.init_from_env()
+    try:
+        return _train_unroll_agent(parts, settings, should_stop, source, kernel_line, ranks)
+    finally:
+        if ranks is not None:
+            distributed.shutdown()
+
+
+def _train_unroll_agent(
+    parts: UnrollAgentParts, settings: RunSettings, should_stop: Callable[[int], bool] | None,
+    source: SourceFactory, kernel_line: str, ranks: distributed.RankInfo | None,
+) -> dict[str, Any]:
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    world = ranks.world_size if ranks is not None else 1
+    main = ranks is None or ranks.is_main
+    run_dir, resumed = run_dir_for_ranks(settings, parts.name, ranks)
     seed_everything(settings.seed)
     torch.set_num_threads(dist.learner_threads)
 
     env = probe_env(settings)
     obs_shape, num_actions = env.obs_shape, env.num_actions
     model = parts.make_model(obs_shape, num_actions)
-    frames_per_update = parts.unroll_length * parts.batch_size * env.frames_per_step
+    if ranks is not None:
+        distributed.broadcast_parameters(model)
+    # Every rank trains on its own batch each update: the frames of all ranks' batches.
+    frames_per_update = parts.unroll_length * parts.batch_size * env.frames_per_step * world
     total_updates = math.ceil(settings.total_frames / frames_per_update)
     opt = parts.optimizer
     optimizer = optimizer_for(model, opt)
@@ -548,11 +596,13 @@ def train_unroll_agent(
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
     specs = unroll_specs(parts, model, obs_shape, env.obs_dtype, num_actions, per_group)
     pool = SlotPool(specs, num_slots, mp_context=ctx)
-    experience = source(SourceContext(parts, settings, model, obs_shape, num_actions,
-                                      env.frames_per_step, pool, per_group))
+    experience = source(SourceContext(parts, settings_for_rank(settings, ranks), model,
+                                      obs_shape, num_actions, env.frames_per_step, pool,
+                                      per_group))
 
     learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm,
-                      experience.weights)
+                      experience.weights,
+                      distributed.GradientAverager(model) if ranks is not None else None)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt.name)
@@ -561,21 +611,25 @@ def train_unroll_agent(
         experience.weights.publish(model, learner.updates)
 
     logger = MetricLogger(
-        str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
+        str(run_dir) if settings.log.tensorboard and main else None, settings.log.interval_s,
         purge_step=counters["frames"] if resumed else None,
+        stream=None if main else open(os.devnull, "w"),  # noqa: SIM115 - lives with the run
     )
     threads = (f"learner_threads={dist.learner_threads} actor_threads={dist.actor_threads} "
                f"env_threads={dist.env_threads} actors={dist.actors} "
                f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}")
-    print(f"[distrl] run_dir={run_dir} {threads}", flush=True)
-    print(f"[distrl] {kernel_line}", flush=True)
+    if ranks is not None:
+        threads += f" learner_ranks={world} backend={ranks.backend}"
+    if main:
+        print(f"[distrl] run_dir={run_dir} {threads}", flush=True)
+        print(f"[distrl] {kernel_line}", flush=True)
     if not resumed:
         logger.text("config", f"```\n{settings.config_text}\n```")
 
     def save_checkpoint() -> Path:
         state = {
             "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
-            "learner": learner.state_dict(),
+            "learner": learner.state_dict(), "world_size": world,
             "counters": dict(counters), "rng": checkpoint.rng_state(),
             "config": settings.config_text,
         }
@@ -612,8 +666,9 @@ def train_unroll_agent(
                 logger.add("learner/batch_wait_s", waited)
                 collect_stats()
                 experience.log(logger)
-                stop_now = (signals.requested or reached_return(settings, logger)
-                            or (should_stop is not None and should_stop(learner.updates)))
+                stop_now = distributed.any_rank(
+                    signals.requested or reached_return(settings, logger)
+                    or (should_stop is not None and should_stop(learner.updates)), ranks)
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
                     now = time.monotonic()
                     span = max(now - report_time, 1e-9)
@@ -625,12 +680,13 @@ def train_unroll_agent(
                     })
                     report_frames, report_updates, report_time = (
                         counters["frames"], learner.updates, now)
-                if time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s:
+                if main and time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s:
                     save_checkpoint()
                     last_checkpoint = time.monotonic()
                 if stop_now:
                     break
-        final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+        final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+                 if main else "")  # rank 0 writes the model and optimizer
         return {
             "frames": counters["frames"], "updates": learner.updates,
             "lr": optimizer.param_groups[0]["lr"],

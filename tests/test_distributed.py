@@ -122,3 +122,45 @@ def test_a_rank_that_raises_ends_the_torchrun_job_non_zero_in_bounded_time(tmp_p
     assert proc.returncode != 0
     assert time.monotonic() - start < 60
     assert "rank 1 fails on purpose" in proc.stdout + proc.stderr
+
+
+TRAIN_WITH_2_RANKS = """
+import os
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+from test_impala import cartpole_config
+from agents import impala
+from pathlib import Path
+if __name__ == "__main__":  # actor processes are spawned: they import this file again
+    result = impala.run(cartpole_config(Path({tmp!r}), "ranks", actors={actors},
+                                        total_frames={frames}))
+    rank = os.environ["RANK"]  # each rank writes its own file: printed lines interleave
+    Path({tmp!r}, f"result{{rank}}.txt").write_text(
+        f"{{result['updates']}} {{result['frames']}} {{bool(result['checkpoint'])}}")
+"""
+
+
+def _torchrun(script: Path, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={nproc}", str(script)],
+        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("actors", [0, 2])
+def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
+    """10 updates of 2 ranks (each T=20 x B=32 CartPole steps): 12,800 frames in all, rank 0
+    alone writes the checkpoint and records the world size."""
+    script = tmp_path / "train.py"
+    root = Path(__file__).resolve().parents[1]
+    script.write_text(TRAIN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
+                                                tmp=str(tmp_path), actors=actors,
+                                                frames=10 * 640 * 2))
+    proc = _torchrun(script)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [(tmp_path / f"result{rank}.txt").read_text() for rank in range(2)]
+    assert results == ["10 12800 True", "10 12800 False"]  # rank 0 alone checkpoints
+    checkpoints = list((tmp_path / "ranks" / "checkpoints").glob("*.pt"))
+    assert len(checkpoints) == 1
+    assert torch.load(checkpoints[0], weights_only=False)["world_size"] == 2

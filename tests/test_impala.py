@@ -161,3 +161,12 @@ def test_learns_cartpole_with_two_actor_processes(tmp_path):
     result = impala.run(cartpole_config(tmp_path, "actors", actors=2))
     assert result["frames"] >= CARTPOLE_FRAMES
     assert result["mean_return_20"] >= 450, result["returns"][-20:]
+
+
+@pytest.mark.dist
+def test_actor_processes_accept_seeds_beyond_32_bits(tmp_path):
+    """Actor seeds are seed * 1,000,003 + id + 1: numpy takes only 32 bits, and seed=5000
+    once crashed every actor process (before the traceback could reach the learner)."""
+    result = impala.run(cartpole_config(tmp_path, "big-seed", actors=2, total_frames=2 * 640,
+                                        seed=5000))
+    assert result["updates"] == 2
