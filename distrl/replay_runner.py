@@ -36,9 +36,9 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl import checkpoint
+from distrl import checkpoint, distributed
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
-from distrl.config import OptimizerConfig
+from distrl.config import ConfigError, OptimizerConfig
 from distrl.envs import env_seed, is_atari, make_envs
 from distrl.learner import Learner, make_lr_schedule
 from distrl.logging import MetricLogger
@@ -423,6 +423,11 @@ def train_replay_agent(
         A summary: frames, updates, replay size and counters, mean return of the last 20
         episodes, seconds the learner spent in its loop and waiting on replay, run_dir.
     """
+    if distributed.launched_by_torchrun():
+        raise ConfigError(
+            f"agent={parts.name}: several learner ranks (torchrun) are built for IMPALA and "
+            "SEED-IMPALA so far, not yet for the replay agents (Ape-X, R2D2, SEED-R2D2); "
+            "run them without torchrun")
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
     replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)

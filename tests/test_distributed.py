@@ -164,3 +164,15 @@ def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
     checkpoints = list((tmp_path / "ranks" / "checkpoints").glob("*.pt"))
     assert len(checkpoints) == 1
     assert torch.load(checkpoints[0], weights_only=False)["world_size"] == 2
+
+
+def test_replay_agents_under_torchrun_are_refused_with_a_clear_error(tmp_path, monkeypatch):
+    from presets import compose_preset
+
+    from agents import apex
+    from distrl.config import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="not yet for the replay agents"):
+        apex.run(compose_preset(tmp_path, "apex_cartpole", "x"))
+    assert not (tmp_path / "x").exists()  # refused before anything was written
