@@ -176,3 +176,37 @@ def test_replay_agents_under_torchrun_are_refused_with_a_clear_error(tmp_path, m
     with pytest.raises(ConfigError, match="not yet for the replay agents"):
         apex.run(compose_preset(tmp_path, "apex_cartpole", "x"))
     assert not (tmp_path / "x").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_impala_learns_cartpole_with_two_learner_ranks(tmp_path):
+    """2 learner ranks, each with 32 envs in its own process, reach a mean of 450 (the
+    one-rank threshold) within 2.4M frames of all ranks together: 1.2M per rank, the
+    one-rank budget (an update takes one batch per rank)."""
+    script = tmp_path / "learn.py"
+    root = Path(__file__).resolve().parents[1]
+    script.write_text(LEARN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
+                                                tmp=str(tmp_path)))
+    proc = _torchrun(script, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mean, frames = (tmp_path / "result0.txt").read_text().split()
+    print(f"2 ranks: mean {float(mean):.1f} at {int(frames):,} frames")
+    assert float(mean) >= 450 and int(frames) <= 2_400_000 + 1280
+
+
+LEARN_WITH_2_RANKS = """
+import dataclasses
+import os
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+from test_impala import cartpole_config
+from agents import impala
+from pathlib import Path
+if __name__ == "__main__":
+    cfg = dataclasses.replace(cartpole_config(Path({tmp!r}), "learn", actors=0,
+                                              total_frames=2_400_000), stop_at_return=450.0)
+    result = impala.run(cfg)
+    Path({tmp!r}, "result" + os.environ["RANK"] + ".txt").write_text(
+        f"{{result['mean_return_20']}} {{result['frames']}}")
+"""
