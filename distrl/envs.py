@@ -356,9 +356,13 @@ def _check_count(name: str, value: Any) -> None:
         raise ConfigError(f"{name} must be positive, got {value!r}")
 
 
+ENV_SEED_LIMIT = 2**31 - 2**20  # ale-py takes C ints; room for 2^20 envs above a group's seed
+
+
 def env_seed(seed: int, actor_id: int, group: int, groups: int, envs_per_group: int) -> int:
-    """Seed of env 0 of a group; env i gets this + i, so no two envs share a seed."""
-    return seed * 1_000_003 + (actor_id * groups + group) * envs_per_group
+    """Seed of env 0 of a group; env i gets this + i, so no two envs of a run share a seed
+    (for run seeds below 2,147; larger ones wrap into ale-py's 31-bit range)."""
+    return (seed * 1_000_003 + (actor_id * groups + group) * envs_per_group) % ENV_SEED_LIMIT
 
 
 def make_envs(cfg: EnvConfig, num_envs: int, seed: int, num_threads: int = 1) -> VectorEnv:

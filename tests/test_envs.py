@@ -12,7 +12,7 @@ import pytest
 
 from distrl import envs
 from distrl.config import ConfigError, EnvConfig
-from distrl.envs import is_atari, make_envs
+from distrl.envs import env_seed, is_atari, make_envs
 
 
 def _random_actions(rng: np.random.Generator, env: envs.VectorEnv) -> np.ndarray:
@@ -314,3 +314,12 @@ def test_user_registered_env(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         gymnasium.registry.pop(env_id, None)
         sys.modules.pop("distrl_test_user_env", None)
+
+
+def test_env_seeds_fit_ale_pys_c_ints_for_any_run_seed():
+    """seed=3000 once gave Atari envs seeds above 2^31, which ale-py rejects at reset."""
+    seed = env_seed(3000, actor_id=5, group=1, groups=2, envs_per_group=16)
+    assert 0 <= seed and seed + 16 < 2**31
+    assert env_seed(0, 1, 0, 2, 16) == 32  # small seeds are unchanged by the wrap
+    with make_envs(EnvConfig(id="Pong"), 2, seed) as envs:
+        assert envs.reset().shape == (2, 4, 84, 84)
