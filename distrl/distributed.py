@@ -143,3 +143,14 @@ def from_rank_0(value: object, info: RankInfo | None) -> object:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def mean_over_ranks(value: float, info: RankInfo | None) -> float:
+    """The mean of ``value`` over all ranks, NaN while any rank has NaN (e.g. fewer than
+    20 finished episodes); without a process group, ``value`` itself."""
+    if info is None:
+        return value
+    finite = value == value
+    pair = torch.tensor([value if finite else 0.0, 1.0 if finite else 0.0], dtype=torch.float64)
+    dist.all_reduce(pair, op=dist.ReduceOp.SUM)
+    return float(pair[0] / info.world_size) if int(pair[1]) == info.world_size else float("nan")

@@ -99,6 +99,11 @@ def reached_return(settings: RunSettings, logger: MetricLogger) -> bool:
             and logger.mean_recent_return(20) >= settings.stop_at_return)
 
 
+def recent_mean_20(logger: MetricLogger) -> float:
+    """Mean raw return of the last 20 episodes, NaN before 20 have finished."""
+    return logger.mean_recent_return(20) if len(logger.recent_returns) >= 20 else float("nan")
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, numpy (which takes only 32 bits) and torch from one integer."""
     random.seed(seed)
@@ -666,8 +671,11 @@ def _train_unroll_agent(
                 logger.add("learner/batch_wait_s", waited)
                 collect_stats()
                 experience.log(logger)
+                # Under torchrun the target is the mean over ranks of each one's last 20.
+                mean_20 = distributed.mean_over_ranks(recent_mean_20(logger), ranks)
+                reached = settings.stop_at_return is not None and mean_20 >= settings.stop_at_return
                 stop_now = distributed.any_rank(
-                    signals.requested or reached_return(settings, logger)
+                    signals.requested or reached
                     or (should_stop is not None and should_stop(learner.updates)), ranks)
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
                     now = time.monotonic()
@@ -690,7 +698,8 @@ def _train_unroll_agent(
         return {
             "frames": counters["frames"], "updates": learner.updates,
             "lr": optimizer.param_groups[0]["lr"],
-            "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
+            "mean_return_20": distributed.mean_over_ranks(logger.mean_recent_return(20), ranks),
+            "run_dir": str(run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
             **experience.summary(),
         }
