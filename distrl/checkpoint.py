@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)\.pt$")
+CHECKPOINT_PREFIX = "checkpoint"
 
 
 class CheckpointError(RuntimeError):
@@ -40,14 +41,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def shard_prefix(rank: int) -> str:
+    """The file prefix of learner rank ``rank``'s replay shard (torchrun runs)."""
+    return f"replay-rank{rank}"
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int,
+                    prefix: str = CHECKPOINT_PREFIX) -> Path:
+    """``directory/<prefix>-<step>.pt``, the name :func:`save` writes."""
+    return Path(directory) / f"{prefix}-{step:012d}.pt"
+
+
 def save(
-    state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 2
+    state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 2,
+    prefix: str = CHECKPOINT_PREFIX,
 ) -> Path:
-    """Atomically write ``directory/checkpoint-<step>.pt``; keep the newest ``keep`` of them."""
+    """Atomically write ``directory/<prefix>-<step>.pt``; keep the newest ``keep`` of them
+    (of the same prefix: a replay shard has its own, :func:`shard_prefix`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"checkpoint-{step:012d}.pt"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
+    final = checkpoint_path(directory, step, prefix)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{prefix}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
@@ -60,19 +74,22 @@ def save(
         raise
     # Prune by step among the others, never the file just written: a run resumed from an
     # older checkpoint writes lower steps than the newest ones already there.
-    others = [p for p in list_checkpoints(directory) if p != final]
+    others = [p for p in list_checkpoints(directory, prefix) if p != final]
     for old in others[: max(len(others) - (keep - 1), 0)]:
         old.unlink(missing_ok=True)
     return final
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Checkpoints in ``directory``, oldest first."""
+def list_checkpoints(directory: str | os.PathLike, prefix: str = CHECKPOINT_PREFIX
+                     ) -> list[Path]:
+    """Checkpoints (or files of another ``prefix``) in ``directory``, oldest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if CHECKPOINT_PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+    pattern = (CHECKPOINT_PATTERN if prefix == CHECKPOINT_PREFIX
+               else re.compile(rf"^{re.escape(prefix)}-(\d+)\.pt$"))
+    found = [p for p in directory.iterdir() if pattern.match(p.name)]
+    return sorted(found, key=lambda p: int(pattern.match(p.name).group(1)))
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -101,3 +118,15 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"resume: '{path}' is not a distrl checkpoint")
     return state
+
+
+def load_shard(resume: str | os.PathLike, step: int, rank: int) -> dict[str, Any]:
+    """Learner rank ``rank``'s replay shard written with the checkpoint of ``step`` that
+    ``resume`` resolves to; a missing or unreadable shard raises CheckpointError."""
+    path = checkpoint_path(resolve(resume).parent, step, shard_prefix(rank))
+    if not path.exists():
+        raise CheckpointError(
+            f"resume: learner rank {rank}'s replay shard '{path}' is missing (every rank "
+            "writes its own shard beside rank 0's checkpoint; across hosts the run directory "
+            "must be on a shared filesystem, or the shards copied there)")
+    return load(path)

@@ -154,3 +154,41 @@ def mean_over_ranks(value: float, info: RankInfo | None) -> float:
     pair = torch.tensor([value if finite else 0.0, 1.0 if finite else 0.0], dtype=torch.float64)
     dist.all_reduce(pair, op=dist.ReduceOp.SUM)
     return float(pair[0] / info.world_size) if int(pair[1]) == info.world_size else float("nan")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every learner rank decides together after an update (replay runner)."""
+
+    stop: bool  # any rank asked to stop (signal, budget, should_stop)
+    checkpoint: bool  # rank 0's clock says a checkpoint is due
+    frames: int  # env frames of all ranks together
+    mean_return_20: float  # mean over ranks of each one's last-20 mean; NaN while any is NaN
+
+
+def agree(stop: bool, checkpoint_due: bool, frames: int, mean_return_20: float,
+          info: RankInfo | None) -> Agreement:
+    """One small all-reduce per update that keeps ranks in step: they stop together, write
+    their checkpoint shards at the same update and see the same totals. Without a process
+    group, the local values."""
+    if info is None:
+        return Agreement(stop, checkpoint_due, frames, mean_return_20)
+    finite = mean_return_20 == mean_return_20
+    values = torch.tensor([
+        1.0 if stop else 0.0,
+        1.0 if checkpoint_due and info.is_main else 0.0,
+        float(frames),
+        mean_return_20 if finite else 0.0,
+        1.0 if finite else 0.0,
+    ], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    all_finite = int(values[4]) == info.world_size
+    return Agreement(
+        stop=bool(values[0] > 0), checkpoint=bool(values[1] > 0), frames=int(values[2]),
+        mean_return_20=float(values[3] / info.world_size) if all_finite else float("nan"))
+
+
+def barrier(info: RankInfo | None) -> None:
+    """Wait until every rank got here (e.g. every replay shard is written); a no-op alone."""
+    if info is not None:
+        dist.barrier()

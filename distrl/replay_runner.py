@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import queue
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from torch import nn
 
 from distrl import checkpoint, distributed
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
-from distrl.config import ConfigError, OptimizerConfig
+from distrl.config import OptimizerConfig
 from distrl.envs import env_seed, is_atari, make_envs
 from distrl.learner import Learner, make_lr_schedule
 from distrl.logging import MetricLogger
@@ -54,12 +55,13 @@ from distrl.runner import (
     check_kernel,
     final_checkpoint,
     log_actor_stats,
-    make_run_dir,
     optimizer_for,
     probe_env,
-    reached_return,
+    recent_mean_20,
     restore_learner,
+    run_dir_for_ranks,
     seed_everything,
+    settings_for_rank,
 )
 from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
 from distrl.weights import WeightStore
@@ -410,6 +412,10 @@ def train_replay_agent(
 ) -> dict[str, Any]:
     """Train until actors generated ``total_frames`` env frames (or a stop was asked).
 
+    Under torchrun every learner rank runs this with its own actors and its own replay
+    shard; gradients are averaged every update, so parameters stay identical, and the ranks
+    share the frame budget (``total_frames`` counts all of them).
+
     Args:
         parts: the agent's network, exploring policy, loss and priorities.
         settings: topology, logging, checkpoints.
@@ -423,17 +429,42 @@ def train_replay_agent(
         A summary: frames, updates, replay size and counters, mean return of the last 20
         episodes, seconds the learner spent in its loop and waiting on replay, run_dir.
     """
-    if distributed.launched_by_torchrun():
-        raise ConfigError(
-            f"agent={parts.name}: several learner ranks (torchrun) are built for IMPALA and "
-            "SEED-IMPALA so far, not yet for the replay agents (Ape-X, R2D2, SEED-R2D2); "
-            "run them without torchrun")
+    kernel_line = check_kernel(settings)
+    ranks = distributed.init_from_env()
+    try:
+        return _train_replay_agent(parts, settings, should_stop, progress, source,
+                                   kernel_line, ranks)
+    finally:
+        if ranks is not None:
+            distributed.shutdown()
+
+
+def rank_epsilons(ladder: torch.Tensor, ranks: distributed.RankInfo | None) -> torch.Tensor:
+    """This rank's share of the epsilon ladder over every env of every rank: every
+    ``world_size``-th rate, so each replay shard gets the same mix of exploration."""
+    if ranks is None:
+        return ladder
+    return ladder[ranks.rank::ranks.world_size].clone()
+
+
+def _train_replay_agent(
+    parts: ReplayAgentParts, settings: RunSettings, should_stop: Callable[[int], bool] | None,
+    progress: Callable[[int, int], None] | None, source: ReplaySourceFactory,
+    kernel_line: str, ranks: distributed.RankInfo | None,
+) -> dict[str, Any]:
     dist = settings.distributed
+    world = ranks.world_size if ranks is not None else 1
+    main = ranks is None or ranks.is_main
     per_group = dist.envs_per_actor // dist.env_groups
     replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)
-    kernel_line = check_kernel(settings)
-    run_dir, resumed = make_run_dir(settings, parts.name)
-    seed_everything(settings.seed)
+    run_dir, resumed = run_dir_for_ranks(settings, parts.name, ranks)
+    # Under torchrun each rank keeps its replay, counters and random streams in its own
+    # shard file beside rank 0's checkpoint; alone, they are part of the checkpoint.
+    sharded = ranks is not None
+    own = (checkpoint.load_shard(settings.resume, resumed["step"], ranks.rank)
+           if sharded and resumed is not None else resumed)
+    rank_settings = settings_for_rank(settings, ranks)
+    seed_everything(rank_settings.seed)
     torch.set_num_threads(dist.learner_threads)
 
     env = probe_env(settings)
@@ -441,20 +472,24 @@ def train_replay_agent(
     frames_per_step = env.frames_per_step
     frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
     frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
+    local_envs = max(dist.actors, 1) * dist.envs_per_actor
     topology = ReplayTopology(obs_shape, num_actions, frame_stack,
-                              parts.exploration(max(dist.actors, 1) * dist.envs_per_actor))
+                              rank_epsilons(parts.exploration(local_envs * world), ranks))
 
     model = parts.make_model(obs_shape, num_actions)
+    if ranks is not None:
+        distributed.broadcast_parameters(model)  # before the loss copies its target network
     opt = parts.optimizer
     optimizer = optimizer_for(model, opt)
+    frame_budget = math.ceil(settings.total_frames / world)  # this rank's share
     # A linear schedule decays over the updates the frame budget allows at the replay ratio.
-    planned_updates = math.ceil(settings.total_frames / frames_per_step
+    planned_updates = math.ceil(frame_budget / frames_per_step
                                 / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, planned_updates)
     loss = parts.make_loss(model)
     replay = make_replay(parts, frame_shape, obs_dtype, frame_stack, settings.kernel, per_group)
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(rank_settings.seed)
     prefetcher = Prefetcher(replay, parts.batch_size, generator)
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
 
@@ -467,42 +502,44 @@ def train_replay_agent(
         logger.add("replay/inserted_per_batch", batch.size)
 
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
-    experience = source(ReplaySourceContext(parts, settings, topology, model, insert,
+    experience = source(ReplaySourceContext(parts, rank_settings, topology, model, insert,
                                             frame_shape, obs_dtype, per_group,
                                             frames_per_step, ctx))
-    learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights)
+    learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights,
+                      distributed.GradientAverager(model) if ranks is not None else None)
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:
         restore_learner(learner, resumed, opt.name, (loss, "loss"),
-                        *([(replay, "replay")] if "replay" in resumed else []))
-        if "replay" in resumed:
-            generator.set_state(resumed["sample_generator"])
-            prefetcher.ready = resumed["prefetched"]
-            local_writer_states = resumed["writers"]
-        counters.update(resumed["counters"])
-        checkpoint.set_rng_state(resumed["rng"])
+                        *([(replay, "replay")] if "replay" in own and not sharded else []))
+        if "replay" in own:
+            if sharded:
+                _load_shard_replay(replay, own)
+            generator.set_state(own["sample_generator"])
+            prefetcher.ready = own["prefetched"]
+            local_writer_states = own["writers"]
+        counters.update(own["counters"])
+        checkpoint.set_rng_state(own["rng"])
         experience.weights.publish(model, learner.updates)
 
     logger = MetricLogger(
-        str(run_dir) if settings.log.tensorboard else None, settings.log.interval_s,
-        purge_step=counters["frames"] if resumed else None,
+        str(run_dir) if settings.log.tensorboard and main else None, settings.log.interval_s,
+        purge_step=resumed.get("frames_all_ranks", counters["frames"]) if resumed else None,
+        stream=None if main else open(os.devnull, "w"),  # noqa: SIM115 - lives with the run
     )
-    print(f"[distrl] run_dir={run_dir} learner_threads={dist.learner_threads} "
-          f"actor_threads={dist.actor_threads} env_threads={dist.env_threads} "
-          f"actors={dist.actors} envs_per_actor={dist.envs_per_actor} "
-          f"env_groups={dist.env_groups} replay_ratio="
-          f"{replay_ratio if replay_ratio else 'uncapped'}", flush=True)
-    print(f"[distrl] {kernel_line}", flush=True)
+    if main:
+        print(f"[distrl] run_dir={run_dir} learner_threads={dist.learner_threads} "
+              f"actor_threads={dist.actor_threads} env_threads={dist.env_threads} "
+              f"actors={dist.actors} envs_per_actor={dist.envs_per_actor} "
+              f"env_groups={dist.env_groups} replay_ratio="
+              f"{replay_ratio if replay_ratio else 'uncapped'}"
+              + (f" learner_ranks={world} backend={ranks.backend}" if ranks else ""), flush=True)
+        print(f"[distrl] {kernel_line}", flush=True)
     if not resumed:
         logger.text("config", f"```\n{settings.config_text}\n```")
 
-    def save_checkpoint() -> Path:
-        state: dict[str, Any] = {
-            "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
-            "learner": learner.state_dict(), "loss": loss.state_dict(),
-            "counters": dict(counters), "rng": checkpoint.rng_state(),
-            "config": settings.config_text,
-        }
+    def replay_state() -> dict[str, Any]:
+        """This rank's replay, counters and random streams."""
+        state: dict[str, Any] = {"counters": dict(counters), "rng": checkpoint.rng_state()}
         if settings.checkpoint.replay:
             prefetcher.settle()
             state["replay"] = replay.state_dict()
@@ -510,8 +547,35 @@ def train_replay_agent(
             state["prefetched"] = prefetcher.ready
             state["writers"] = [sink.writer.state_dict()
                                 for sink in experience.local_sinks] or None
-        return checkpoint.save(state, run_dir / "checkpoints", learner.updates,
-                               keep=settings.checkpoint.keep)
+        return state
+
+    def save_checkpoint() -> Path:
+        """Alone: one file. Under torchrun: every rank writes its shard, then (once all
+        are on disk) rank 0 the checkpoint that names them, so a checkpoint file is only
+        ever there with all its shards."""
+        state: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT, "agent": parts.name, "optimizer_name": opt.name,
+            "learner": learner.state_dict(), "loss": loss.state_dict(),
+            "config": settings.config_text, "world_size": world, "step": learner.updates,
+            "frames_all_ranks": total_frames,
+        }
+        directory = run_dir / "checkpoints"
+        if not sharded:
+            state.update(replay_state())
+            return checkpoint.save(state, directory, learner.updates,
+                                   keep=settings.checkpoint.keep)
+        assert ranks is not None
+        checkpoint.save({"format": CHECKPOINT_FORMAT, **replay_state()}, directory,
+                        learner.updates, keep=settings.checkpoint.keep,
+                        prefix=checkpoint.shard_prefix(ranks.rank))
+        distributed.barrier(ranks)
+        path = checkpoint.checkpoint_path(directory, learner.updates)
+        if main:
+            state["counters"] = dict(counters)  # rank 0's, for final_checkpoint and readers
+            path = checkpoint.save(state, directory, learner.updates,
+                                   keep=settings.checkpoint.keep)
+        distributed.barrier(ranks)
+        return path
 
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(logger.close)
@@ -533,7 +597,7 @@ def train_replay_agent(
                 low, high = epsilon_range(actor_id)
                 logger.add(f"actor{actor_id}/epsilon_min", low)
                 logger.add(f"actor{actor_id}/epsilon_max", high)
-                log_actor_stats(logger, stats, counters["frames"])
+                log_actor_stats(logger, stats, counters["frames"] * world)
 
         receive = experience.receive
 
@@ -545,11 +609,11 @@ def train_replay_agent(
         def wait_for_data(stop_requested: Callable[[], bool]) -> float | None:
             """Step the local actor or wait for actor batches until an update may run.
             Returns the seconds waited, or None when the run should end first (a stop
-            was asked, or the frame budget ran out before learning could start)."""
+            was asked, or this rank's frame budget ran out before learning could start)."""
             start = time.perf_counter()
             deadline = time.monotonic() + dist.start_timeout_s
             while not can_update():
-                if stop_requested() or counters["frames"] >= settings.total_frames:
+                if stop_requested() or counters["frames"] >= frame_budget:
                     return None
                 if experience.serial:
                     experience.step_local()
@@ -566,18 +630,27 @@ def train_replay_agent(
 
         run_start = time.monotonic() - counters["elapsed_s"]
         last_checkpoint = time.monotonic()
-        report = (counters["frames"], learner.updates, replay.inserted, replay.sampled,
+        total_frames = counters["frames"] * world
+        report = (total_frames, learner.updates, replay.inserted, replay.sampled,
                   time.monotonic())
         replay_wait = learner_time = 0.0
         total_replay_wait = total_learner_time = 0.0
+        mean_20 = float("nan")
         with StopFlag() as signals:
-            while counters["frames"] < settings.total_frames:
+            while True:
                 loop_start = time.perf_counter()
                 if replay_ratio == 0:  # free running: take whatever arrived
                     receive(timeout=0.0)
-                data_wait = wait_for_data(lambda: signals.requested)
-                if data_wait is None:
+                data_wait = (None if counters["frames"] >= frame_budget
+                             else wait_for_data(lambda: signals.requested))
+                # Every rank updates or none does: a rank alone in the gradient all-reduce
+                # would wait for the others until the collective timeout.
+                before = distributed.agree(data_wait is None, False, counters["frames"],
+                                           float("nan"), ranks)
+                if before.stop:
+                    total_frames = before.frames
                     break
+                assert data_wait is not None
                 batch, waited = prefetcher.next()
                 metrics, priorities = learner.step(batch)
                 prefetcher.settle()
@@ -590,16 +663,22 @@ def train_replay_agent(
                 learner_time += busy
                 total_replay_wait += waited
                 total_learner_time += busy
-                if progress is not None:
-                    progress(learner.updates, counters["frames"])
                 logger.add_many(metrics)
                 logger.add("learner/replay_wait_s", waited)
                 logger.add("learner/data_wait_s", data_wait)
                 collect_stats()
                 experience.log(logger)
-                stop_now = (signals.requested or reached_return(settings, logger)
-                            or (should_stop is not None and should_stop(learner.updates)))
-                if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
+                agreement = distributed.agree(
+                    signals.requested or counters["frames"] >= frame_budget
+                    or (should_stop is not None and should_stop(learner.updates)),
+                    time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
+                    counters["frames"], recent_mean_20(logger), ranks)
+                total_frames, mean_20 = agreement.frames, agreement.mean_return_20
+                if progress is not None:
+                    progress(learner.updates, total_frames)
+                reached = settings.stop_at_return is not None and mean_20 >= settings.stop_at_return
+                stop_now = agreement.stop or reached
+                if logger.due() or stop_now:
                     now = time.monotonic()
                     span = max(now - report[4], 1e-9)
                     inserted, sampled = replay.inserted - report[2], replay.sampled - report[3]
@@ -612,28 +691,41 @@ def train_replay_agent(
                         "replay/priority_max": replay.sampler.max_priority,
                         "learner/replay_wait_fraction": replay_wait / max(learner_time, 1e-9),
                     })
-                    logger.report(counters["frames"], {
-                        "perf/fps": (counters["frames"] - report[0]) / span,
-                        "perf/updates_per_s": (learner.updates - report[1]) / span,
+                    logger.report(total_frames, {
+                        "perf/fps": (total_frames - report[0]) / span,  # all ranks
+                        "perf/updates_per_s": (learner.updates - report[1]) / span,  # per rank
                         "learner/updates": learner.updates,
                         "replay/size": len(replay),
                         "replay/ratio": sampled / max(inserted, 1),
                         "episode/mean_return_20": logger.mean_recent_return(20),
+                        **({"episode/mean_return_20_all_ranks": mean_20} if ranks else {}),
                     })
-                    report = (counters["frames"], learner.updates, replay.inserted,
+                    report = (total_frames, learner.updates, replay.inserted,
                               replay.sampled, now)
                     replay_wait = learner_time = 0.0
-                if time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s:
+                if agreement.checkpoint:
                     save_checkpoint()
                     last_checkpoint = time.monotonic()
                 if stop_now:
                     break
-        final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+        final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint,
+                                 announce=main)
         return {
-            "frames": counters["frames"], "updates": learner.updates,
+            "frames": total_frames, "updates": learner.updates,
             "replay_size": len(replay), "inserted": replay.inserted, "sampled": replay.sampled,
-            "mean_return_20": logger.mean_recent_return(20), "run_dir": str(run_dir),
-            "checkpoint": str(final), "returns": list(logger.recent_returns),
+            "mean_return_20": (distributed.mean_over_ranks(logger.mean_recent_return(20), ranks)),
+            "run_dir": str(run_dir),
+            "checkpoint": str(final) if main else "", "returns": list(logger.recent_returns),
             "learner_s": total_learner_time, "replay_wait_s": total_replay_wait,
             **experience.summary(),
         }
+
+
+def _load_shard_replay(replay: ReplayBuffer, shard: dict[str, Any]) -> None:
+    """Load a rank's replay from its shard, naming the setting to fix on a mismatch."""
+    try:
+        replay.load_state_dict(shard["replay"])
+    except (RuntimeError, KeyError, ValueError) as error:
+        raise checkpoint.CheckpointError(
+            "resume: replay shard does not fit this run (the replay settings must match "
+            f"the checkpoint's config): {error}") from None

@@ -92,13 +92,6 @@ class RunSettings:
                    kernel=cfg.kernel, stop_at_return=cfg.stop_at_return)
 
 
-def reached_return(settings: RunSettings, logger: MetricLogger) -> bool:
-    """Whether ``settings.stop_at_return`` is set and the last 20 episodes' mean raw
-    return reached it."""
-    return (settings.stop_at_return is not None and len(logger.recent_returns) >= 20
-            and logger.mean_recent_return(20) >= settings.stop_at_return)
-
-
 def recent_mean_20(logger: MetricLogger) -> float:
     """Mean raw return of the last 20 episodes, NaN before 20 have finished."""
     return logger.mean_recent_return(20) if len(logger.recent_returns) >= 20 else float("nan")
@@ -235,13 +228,14 @@ def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> Non
 
 
 def final_checkpoint(settings: RunSettings, resumed: dict[str, Any] | None, updates: int,
-                     save: Callable[[], Path]) -> Path:
+                     save: Callable[[], Path], announce: bool = True) -> Path:
     """Write the last checkpoint, unless a resumed run did no update (then leave it as is)."""
     if resumed is not None and updates == resumed["learner"]["updates"]:
         final = checkpoint.resolve(settings.resume)
     else:
         final = save()
-    print(f"[distrl] checkpoint {final}", flush=True)
+    if announce:
+        print(f"[distrl] checkpoint {final}", flush=True)
     return final
 
 

@@ -17,10 +17,16 @@ REPO = Path(__file__).resolve().parents[1]
 def compose_preset(tmp_path: Path, experiment: str, name: str, *overrides: str) -> Any:
     """The typed RunConfig of ``+experiment=<experiment>`` plus ``overrides``; logs and
     checkpoints go to ``tmp_path/name``, without tensorboard or timed checkpoints."""
+    return compose_run(tmp_path, name, f"+experiment={experiment}", *overrides)
+
+
+def compose_run(tmp_path: Path, name: str, *overrides: str) -> Any:
+    """The typed RunConfig of ``python run.py <overrides>``, written under ``tmp_path/name``
+    as in :func:`compose_preset`."""
     register_configs()
     agents.register_configs()
     with initialize_config_dir(str(REPO / "experiments"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={experiment}", *overrides])
+        cfg = compose("config", overrides=list(overrides))
     cfg = OmegaConf.to_object(cfg)
     cfg.log.dir, cfg.log.name, cfg.log.tensorboard = str(tmp_path), name, False
     cfg.log.interval_s = 30.0

@@ -4,6 +4,7 @@ broadcast delivers rank 0's weights, and a failing rank ends a torchrun job."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -166,16 +167,109 @@ def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
     assert torch.load(checkpoints[0], weights_only=False)["world_size"] == 2
 
 
-def test_replay_agents_under_torchrun_are_refused_with_a_clear_error(tmp_path, monkeypatch):
-    from presets import compose_preset
+TRAIN_AGENT_WITH_2_RANKS = """
+import json
+import os
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+import agents
+from presets import compose_run
+if __name__ == "__main__":  # actor processes and env workers import this file again
+    cfg = compose_run(Path({tmp!r}), {name!r}, *{overrides!r})
+    result = agents.get(cfg.agent.name).run(cfg)
+    keys = ("updates", "frames", "checkpoint", "inserted", "replay_size", "mean_return_20")
+    Path({tmp!r}, "result" + os.environ["RANK"] + ".json").write_text(
+        json.dumps({{k: result.get(k) for k in keys}}))
+"""
+
+
+def _train_agent(tmp_path: Path, name: str, *overrides: str, timeout: int = 300
+                 ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """``torchrun --nproc_per_node=2 run.py <overrides>``; each rank's summary."""
+    script = tmp_path / f"{name}.py"
+    root = Path(__file__).resolve().parents[1]
+    script.write_text(TRAIN_AGENT_WITH_2_RANKS.format(
+        root=str(root), tests=str(root / "tests"), tmp=str(tmp_path), name=name,
+        overrides=overrides))
+    for rank in range(2):
+        (tmp_path / f"result{rank}.json").unlink(missing_ok=True)
+    proc = _torchrun(script, timeout=timeout)
+    results = [json.loads((tmp_path / f"result{rank}.json").read_text())
+               for rank in range(2) if (tmp_path / f"result{rank}.json").exists()]
+    return proc, results
+
+
+REPLAY_AGENTS = {
+    "apex": ("+experiment=apex_cartpole", "total_frames=4000"),
+    "apex_2_actors": ("+experiment=apex_cartpole", "total_frames=4000",
+                      "distributed.actors=2", "distributed.envs_per_actor=4"),
+    "r2d2": ("+experiment=r2d2_cartpole", "total_frames=3000", "agent.learning_starts=20",
+             "agent.batch_size=8"),
+    "seed_r2d2": ("+experiment=seed_r2d2_cartpole", "total_frames=3000",
+                  "agent.r2d2.learning_starts=20", "agent.r2d2.batch_size=8",
+                  "distributed.actors=1", "distributed.envs_per_actor=4"),
+    "seed_impala": ("agent=seed", "env=CartPole", "total_frames=12800",
+                    "distributed.actors=1", "distributed.envs_per_actor=16",
+                    "distributed.env_groups=1", "agent.impala.batch_size=16"),
+}
+
+
+@pytest.mark.parametrize("agent", list(REPLAY_AGENTS))
+def test_every_agent_trains_with_two_learner_ranks_and_exits_0(tmp_path, agent):
+    """Both ranks make the same number of updates (gradients are all-reduced in step),
+    share the frame budget and stop together; rank 0 writes the checkpoint, and each rank
+    of a replay agent its own replay shard."""
+    proc, results = _train_agent(tmp_path, "run", *REPLAY_AGENTS[agent])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(results) == 2
+    assert results[0]["updates"] == results[1]["updates"] > 0
+    assert results[0]["frames"] == results[1]["frames"]
+    assert results[0]["checkpoint"] and not results[1]["checkpoint"]  # rank 0 names it
+    directory = tmp_path / "run" / "checkpoints"
+    (main,) = directory.glob("checkpoint-*.pt")
+    assert torch.load(main, weights_only=False)["world_size"] == 2
+    if agent != "seed_impala":
+        step = int(main.stem.split("-")[1])
+        assert results[0]["updates"] == step
+        for rank in range(2):
+            assert (directory / f"replay-rank{rank}-{step:012d}.pt").exists()
+
+
+def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):
+    """A 2-rank Ape-X run resumed with 2 ranks: each rank gets its own replay back (its
+    insert counter continues); a resume in one process is refused with the world size; a
+    missing shard stops the resume with its path."""
+    overrides = ("+experiment=apex_cartpole", "checkpoint.replay=true")
+    proc, first = _train_agent(tmp_path, "run", *overrides, "total_frames=4000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    directory = tmp_path / "run" / "checkpoints"
+    shards = [torch.load(p, weights_only=False) for p in sorted(directory.glob("replay-*.pt"))]
+    assert [s["replay"]["inserted"] for s in shards] == [r["inserted"] for r in first]
+    trees = [s["replay"]["sampler"]["tree"] for s in shards]
+    assert any(not torch.equal(a, b) for a, b in zip(trees[0].values(), trees[1].values(),
+                                                    strict=True) if torch.is_tensor(a))
+
+    resume = (f"resume={tmp_path / 'run'}", "total_frames=6000")
+    proc, second = _train_agent(tmp_path, "resumed", *overrides, *resume)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for before, after in zip(first, second, strict=True):
+        assert after["inserted"] > before["inserted"]  # continued from its own shard
+        assert after["updates"] > before["updates"]
+
+    from presets import compose_run
 
     from agents import apex
-    from distrl.config import ConfigError
+    from distrl.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="written by 2 learner rank"):
+        apex.run(compose_run(tmp_path, "alone", *overrides, *resume))
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="not yet for the replay agents"):
-        apex.run(compose_preset(tmp_path, "apex_cartpole", "x"))
-    assert not (tmp_path / "x").exists()  # refused before anything was written
+    for shard in directory.glob("replay-rank1-*.pt"):
+        shard.unlink()
+    proc, _ = _train_agent(tmp_path, "missing", *overrides, *resume, "total_frames=9000")
+    assert proc.returncode != 0
+    assert "learner rank 1's replay shard" in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
@@ -211,3 +305,16 @@ if __name__ == "__main__":
     Path({tmp!r}, "result" + os.environ["RANK"] + ".txt").write_text(
         f"{{result['mean_return_20']}} {{result['frames']}}")
 """
+
+
+@pytest.mark.slow
+def test_apex_learns_cartpole_with_two_learner_ranks(tmp_path):
+    """Ape-X with 2 learner ranks (one process each, 8 envs and a replay shard per rank)
+    reaches the one-rank threshold of 450 (mean over ranks of each one's last 20 episodes)
+    within 300k env steps of both ranks together: the one-rank budget of 150k per rank."""
+    proc, results = _train_agent(tmp_path, "learn", "+experiment=apex_cartpole",
+                                 "stop_at_return=450", "total_frames=300000", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mean = results[0]["mean_return_20"]
+    print(f"2 ranks: mean over ranks {mean:.1f} at {results[0]['frames']:,} frames")
+    assert mean >= 450 and results[0]["frames"] <= 300_000 + 16

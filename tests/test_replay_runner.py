@@ -13,12 +13,14 @@ from presets import compose_preset
 from agents import apex
 from distrl.actor import ActorStats
 from distrl.checkpoint import load
+from distrl.distributed import RankInfo
+from distrl.exploration import epsilon_ladder
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.formats import NStepFormat
 from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
-from distrl.replay_runner import BatchSlots, Prefetcher
+from distrl.replay_runner import BatchSlots, Prefetcher, rank_epsilons
 
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 
@@ -26,6 +28,18 @@ CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 def preset(tmp_path, name: str, *overrides: str):
     """``python run.py +experiment=apex_cartpole`` as a typed config, writing under tmp_path."""
     return compose_preset(tmp_path, "apex_cartpole", name, *overrides)
+
+
+def test_learner_ranks_share_one_epsilon_ladder_each_with_the_same_mix():
+    """Under torchrun the ladder spans every env of every rank (Ape-X's eps_i over all
+    actors); rank r takes every world-th rate, so each replay shard sees explorers and
+    near-greedy envs alike."""
+    ladder = epsilon_ladder(8, base=0.4)
+    shares = [rank_epsilons(ladder, RankInfo(r, 2, r, "gloo")) for r in range(2)]
+    assert torch.equal(shares[0], ladder[[0, 2, 4, 6]])
+    assert torch.equal(shares[1], ladder[[1, 3, 5, 7]])
+    assert shares[0][0] == 0.4 and shares[1].max() > 0.4**3  # both get a high rate
+    assert torch.equal(rank_epsilons(ladder, None), ladder)
 
 
 def _batch(writer: NStepWriter, steps: int, seed: int):
