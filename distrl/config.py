@@ -162,9 +162,13 @@ class DistributedConfig:
     actor_threads: int = 1  # torch threads in each actor process
     slots: int = 0  # shared unroll slots; 0 = 2 x the slots one batch needs x actors
     start_timeout_s: float = 120.0  # how long to wait for actors to produce their first unroll
+    # Under torchrun: ranks 0..learner_ranks-1 learn, the others only act and stream their
+    # experience to a learner rank (distrl.remote); 0 = every rank learns.
+    learner_ranks: int = 0
 
     def __post_init__(self) -> None:
         check_non_negative("distributed.actors", self.actors)
+        check_non_negative("distributed.learner_ranks", self.learner_ranks)
         for name in ("envs_per_actor", "env_groups", "env_threads", "learner_threads",
                      "actor_threads", "start_timeout_s"):
             check_positive(f"distributed.{name}", getattr(self, name))

@@ -14,28 +14,51 @@ from __future__ import annotations
 import datetime
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from distrl.config import ConfigError
 
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size
 
 
 @dataclass(frozen=True)
 class RankInfo:
-    """Where this process sits in the job."""
+    """Where this process sits in the job: ranks ``0..learners-1`` learn (their gradients
+    are averaged over ``group``), ranks ``learners..world_size-1`` only act and talk to
+    their learner over their own gloo pair group (:mod:`distrl.remote`)."""
 
     rank: int
     world_size: int
     local_rank: int
     backend: str  # "nccl" or "gloo"
+    learners: int = 0  # 0: every rank learns
+    group: Any = None  # the learners' process group; None: the default (every rank)
+    pair_groups: dict[int, Any] = field(default_factory=dict)  # actor rank -> its pair's
+
+    def __post_init__(self) -> None:
+        if self.learners == 0:
+            object.__setattr__(self, "learners", self.world_size)
 
     @property
     def is_main(self) -> bool:
         """Rank 0 writes tensorboard and the model checkpoint."""
         return self.rank == 0
+
+    @property
+    def is_learner(self) -> bool:
+        return self.rank < self.learners
+
+    def learner_of(self, actor_rank: int) -> int:
+        """The learner rank an actor-only rank streams to: actor ranks take turns."""
+        return (actor_rank - self.learners) % self.learners
+
+    def actor_ranks_of(self, learner: int) -> list[int]:
+        return [a for a in range(self.learners, self.world_size) if self.learner_of(a) == learner]
 
 
 def launched_by_torchrun() -> bool:
@@ -50,22 +73,38 @@ def choose_backend(world_size_on_host: int) -> str:
     return "gloo"
 
 
-def init_from_env(timeout_s: float = 300.0) -> RankInfo | None:
+def init_from_env(timeout_s: float = 300.0, learner_ranks: int = 0) -> RankInfo | None:
     """Join torchrun's process group, or return None for a single-process run.
 
     ``timeout_s`` bounds every collective: a rank whose peer died raises instead of
-    hanging forever (torchrun then ends the whole job).
+    hanging forever (torchrun then ends the whole job). ``learner_ranks`` (0: all) makes
+    the ranks from that one on actor-only; then the learners get a process group of their
+    own, and every actor rank a gloo group with its learner (every rank creates every
+    group, in the same order, as ``new_group`` requires).
     """
     if not launched_by_torchrun():
         return None
+    world = int(os.environ["WORLD_SIZE"])
+    if not 0 <= learner_ranks <= world:
+        raise ConfigError(f"distributed.learner_ranks must be 0 (every rank learns) or "
+                          f"1..{world} (the torchrun world size), got {learner_ranks}")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     backend = choose_backend(local_world)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
+    timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    return RankInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
+        dist.init_process_group(backend, timeout=timeout)
+    learners = learner_ranks or world
+    info = RankInfo(dist.get_rank(), world, local_rank, backend, learners)
+    if learners == world:
+        return info
+    group = dist.new_group(list(range(learners)), timeout=timeout)
+    pairs = {a: dist.new_group(sorted({info.learner_of(a), a}), timeout=timeout,
+                               backend="gloo")
+             for a in range(learners, world)}
+    return RankInfo(info.rank, world, local_rank, backend, learners, group, pairs)
 
 
 def shutdown() -> None:
@@ -132,7 +171,7 @@ def any_rank(flag: bool, info: RankInfo | None) -> bool:
     if info is None:
         return flag
     value = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=info.group)
     return bool(value.item() > 0)
 
 
@@ -141,7 +180,7 @@ def from_rank_0(value: object, info: RankInfo | None) -> object:
     if info is None:
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=info.group)
     return box[0]
 
 
@@ -152,8 +191,8 @@ def mean_over_ranks(value: float, info: RankInfo | None) -> float:
         return value
     finite = value == value
     pair = torch.tensor([value if finite else 0.0, 1.0 if finite else 0.0], dtype=torch.float64)
-    dist.all_reduce(pair, op=dist.ReduceOp.SUM)
-    return float(pair[0] / info.world_size) if int(pair[1]) == info.world_size else float("nan")
+    dist.all_reduce(pair, op=dist.ReduceOp.SUM, group=info.group)
+    return float(pair[0] / info.learners) if int(pair[1]) == info.learners else float("nan")
 
 
 @dataclass(frozen=True)
@@ -181,14 +220,14 @@ def agree(stop: bool, checkpoint_due: bool, frames: int, mean_return_20: float,
         mean_return_20 if finite else 0.0,
         1.0 if finite else 0.0,
     ], dtype=torch.float64)
-    dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    all_finite = int(values[4]) == info.world_size
+    dist.all_reduce(values, op=dist.ReduceOp.SUM, group=info.group)
+    all_finite = int(values[4]) == info.learners
     return Agreement(
         stop=bool(values[0] > 0), checkpoint=bool(values[1] > 0), frames=int(values[2]),
-        mean_return_20=float(values[3] / info.world_size) if all_finite else float("nan"))
+        mean_return_20=float(values[3] / info.learners) if all_finite else float("nan"))
 
 
 def barrier(info: RankInfo | None) -> None:
     """Wait until every rank got here (e.g. every replay shard is written); a no-op alone."""
     if info is not None:
-        dist.barrier()
+        dist.barrier(group=info.group)

@@ -27,7 +27,7 @@ import math
 import os
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl import checkpoint, distributed
+from distrl import checkpoint, distributed, remote
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
 from distrl.config import OptimizerConfig
 from distrl.envs import env_seed, is_atari, make_envs
@@ -52,12 +52,14 @@ from distrl.runner import (
     ActorProcesses,
     RunSettings,
     StopFlag,
+    actor_rank_summary,
     check_kernel,
     final_checkpoint,
     log_actor_stats,
     optimizer_for,
     probe_env,
     recent_mean_20,
+    refuse_actor_ranks_for,
     restore_learner,
     run_dir_for_ranks,
     seed_everything,
@@ -184,6 +186,9 @@ class ReplayTopology:
     num_actions: int
     frame_stack: Optional[int]  # None: observations are vectors, not frame stacks
     epsilons: torch.Tensor  # [actors x envs_per_actor] the ladder over every env of the run
+    # Writer stream ids start here: an actor-only rank's streams must not collide with
+    # those of the learner's own actors (or another actor rank's) in the one replay.
+    stream_base: int = 0
 
 
 def build_replay_actor(
@@ -206,7 +211,8 @@ def build_replay_actor(
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
         first = actor_id * dist.envs_per_actor + g * per_group
         writer = experience.make_writer(per_group, topology.frame_stack,
-                                        stream=actor_id * dist.env_groups + g)
+                                        stream=topology.stream_base + actor_id * dist.env_groups
+                                        + g)
         sink = TransitionSink(writer, parts.actor_buffer,
                               functools.partial(prioritise_and_emit, writer),
                               parts.transform_rewards)
@@ -257,6 +263,7 @@ class ReplaySourceContext:
     per_group: int
     frames_per_step: int
     mp_context: Any  # spawn context, or None in one process
+    remote_ranks: int = 0  # actor-only ranks that send batches to this learner
 
 
 class ReplayActorSource:
@@ -276,12 +283,13 @@ class ReplayActorSource:
         self.serial = dist.actors == 0
         self.weights = WeightStore(ctx.model, shared=not self.serial)
         self.slots: BatchSlots | None = None
-        if not self.serial:
+        if not self.serial or ctx.remote_ranks:
             parts = ctx.parts
             policy = parts.make_policy(ctx.model, ctx.topology.epsilons[:1])
             state_size = flatten_state(policy.initial_state(1), 1).shape[1]
             self.slots = BatchSlots(
-                dist.slots or 2 * dist.actors * dist.env_groups, parts.experience,
+                dist.slots or 2 * (dist.actors + ctx.remote_ranks) * dist.env_groups,
+                parts.experience,
                 ctx.per_group, parts.actor_buffer, ctx.frame_shape, ctx.frame_dtype,
                 ctx.topology.frame_stack or 1, state_size, ctx.mp_context)
         self.local_actor: Actor | None = None
@@ -307,9 +315,11 @@ class ReplayActorSource:
         return self
 
     def step_local(self) -> None:
-        """Serial mode: one step of every local env group (completed batches are inserted)."""
+        """Serial mode: one step of every local env group (completed batches are inserted),
+        then whatever actor-only ranks sent."""
         assert self.local_actor is not None
         self.local_actor.step()
+        self.receive(0.0)
 
     def receive(self, timeout: float) -> int:
         """Insert every batch the actor processes sent; wait up to ``timeout`` for one."""
@@ -430,8 +440,10 @@ def train_replay_agent(
         episodes, seconds the learner spent in its loop and waiting on replay, run_dir.
     """
     kernel_line = check_kernel(settings)
-    ranks = distributed.init_from_env()
+    ranks = distributed.init_from_env(learner_ranks=settings.distributed.learner_ranks)
     try:
+        if ranks is not None and not ranks.is_learner:
+            return _serve_replay_actor_rank(parts, settings, source, ranks)
         return _train_replay_agent(parts, settings, should_stop, progress, source,
                                    kernel_line, ranks)
     finally:
@@ -447,13 +459,80 @@ def rank_epsilons(ladder: torch.Tensor, ranks: distributed.RankInfo | None) -> t
     return ladder[ranks.rank::ranks.world_size].clone()
 
 
+def replay_topology(parts: ReplayAgentParts, settings: RunSettings, env: Any,
+                    ranks: distributed.RankInfo | None) -> ReplayTopology:
+    """Observation layout and this rank's share of the epsilon ladder over every env of
+    every rank (learners and actor-only ranks alike)."""
+    dist = settings.distributed
+    frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
+    local_envs = max(dist.actors, 1) * dist.envs_per_actor
+    world = ranks.world_size if ranks is not None else 1
+    stream_base = 0
+    if ranks is not None and not ranks.is_learner:
+        position = ranks.actor_ranks_of(ranks.learner_of(ranks.rank)).index(ranks.rank)
+        stream_base = (position + 1) * max(dist.actors, 1) * dist.env_groups
+    return ReplayTopology(env.obs_shape, env.num_actions, frame_stack,
+                          rank_epsilons(parts.exploration(local_envs * world), ranks),
+                          stream_base)
+
+
+def _serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
+                             source: ReplaySourceFactory, ranks: distributed.RankInfo
+                             ) -> dict[str, Any]:
+    """An actor-only rank of a replay agent: its actors' prioritised batches go, one slot
+    at a time, to its learner rank's replay (:mod:`distrl.remote`)."""
+    refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    rank_settings = settings_for_rank(settings, ranks)
+    seed_everything(rank_settings.seed)
+    torch.set_num_threads(dist.learner_threads)
+    env = probe_env(settings)
+    topology = replay_topology(parts, settings, env, ranks)
+    frame_shape = (env.obs_shape[1:] if topology.frame_stack is not None else env.obs_shape)
+    model = parts.make_model(env.obs_shape, env.num_actions)
+    ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    stats = ActorStats()
+
+    def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        """Serial mode: the local actor's batches go into the slots that are sent."""
+        assert experience.slots is not None
+        experience.slots.write(batch, priorities, lambda: False, stats)
+
+    experience = ReplayActorSource(ReplaySourceContext(
+        parts, rank_settings, topology, model, insert, frame_shape, env.obs_dtype, per_group,
+        env.frames_per_step, ctx, remote_ranks=1))
+    assert experience.slots is not None
+    pool = experience.slots.pool
+    connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())
+    connection.first_weights(experience.weights)
+
+    def filled_slots() -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+        while True:
+            if experience.serial and pool.full.empty():
+                experience.local_actor.step()  # its batches land in the slots
+                continue
+            try:
+                index = pool.full.get(timeout=1.0)
+            except queue.Empty:
+                experience.check()
+                continue
+            yield pool.buffers, index
+
+    with experience:
+        sent = remote.serve_actor_rank(connection, experience.weights, filled_slots(),
+                                       lambda index: pool.release([index]),
+                                       lambda: [s for _, s in experience.drain()])
+    return actor_rank_summary(sent)
+
+
 def _train_replay_agent(
     parts: ReplayAgentParts, settings: RunSettings, should_stop: Callable[[int], bool] | None,
     progress: Callable[[int, int], None] | None, source: ReplaySourceFactory,
     kernel_line: str, ranks: distributed.RankInfo | None,
 ) -> dict[str, Any]:
     dist = settings.distributed
-    world = ranks.world_size if ranks is not None else 1
+    world = ranks.learners if ranks is not None else 1
     main = ranks is None or ranks.is_main
     per_group = dist.envs_per_actor // dist.env_groups
     replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)
@@ -472,13 +551,11 @@ def _train_replay_agent(
     frames_per_step = env.frames_per_step
     frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
     frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
-    local_envs = max(dist.actors, 1) * dist.envs_per_actor
-    topology = ReplayTopology(obs_shape, num_actions, frame_stack,
-                              rank_epsilons(parts.exploration(local_envs * world), ranks))
+    topology = replay_topology(parts, settings, env, ranks)
 
     model = parts.make_model(obs_shape, num_actions)
-    if ranks is not None:
-        distributed.broadcast_parameters(model)  # before the loss copies its target network
+    if ranks is not None:  # before the loss copies its target network
+        distributed.broadcast_parameters(model, group=ranks.group)
     opt = parts.optimizer
     optimizer = optimizer_for(model, opt)
     frame_budget = math.ceil(settings.total_frames / world)  # this rank's share
@@ -502,11 +579,15 @@ def _train_replay_agent(
         logger.add("replay/inserted_per_batch", batch.size)
 
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    remote_ranks = ranks.actor_ranks_of(ranks.rank) if ranks is not None else []
+    if remote_ranks:
+        refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
     experience = source(ReplaySourceContext(parts, rank_settings, topology, model, insert,
                                             frame_shape, obs_dtype, per_group,
-                                            frames_per_step, ctx))
+                                            frames_per_step, ctx, len(remote_ranks)))
     learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights,
-                      distributed.GradientAverager(model) if ranks is not None else None)
+                      distributed.GradientAverager(model, ranks.group)
+                      if ranks is not None else None)
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:
         restore_learner(learner, resumed, opt.name, (loss, "loss"),
@@ -532,7 +613,8 @@ def _train_replay_agent(
               f"actors={dist.actors} envs_per_actor={dist.envs_per_actor} "
               f"env_groups={dist.env_groups} replay_ratio="
               f"{replay_ratio if replay_ratio else 'uncapped'}"
-              + (f" learner_ranks={world} backend={ranks.backend}" if ranks else ""), flush=True)
+              + (f" learner_ranks={world} actor_ranks={ranks.world_size - world} "
+                 f"backend={ranks.backend}" if ranks else ""), flush=True)
         print(f"[distrl] {kernel_line}", flush=True)
     if not resumed:
         logger.text("config", f"```\n{settings.config_text}\n```")
@@ -581,6 +663,8 @@ def _train_replay_agent(
         cleanup.callback(logger.close)
         cleanup.callback(prefetcher.close)
         cleanup.enter_context(experience)
+        remote_actors = cleanup.enter_context(remote.RemoteActors(
+            ranks, experience.slots.pool, experience.weights)) if remote_ranks else None
         if local_writer_states:
             for sink, state in zip(experience.local_sinks, local_writer_states, strict=True):
                 sink.writer.load_state_dict(state)
@@ -598,6 +682,10 @@ def _train_replay_agent(
                 logger.add(f"actor{actor_id}/epsilon_min", low)
                 logger.add(f"actor{actor_id}/epsilon_max", high)
                 log_actor_stats(logger, stats, counters["frames"] * world)
+            if remote_actors is not None:
+                remote_actors.check()
+                for stats in remote_actors.drain():
+                    log_actor_stats(logger, stats, counters["frames"] * world)
 
         receive = experience.receive
 

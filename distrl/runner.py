@@ -19,7 +19,7 @@ import random
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch import nn
 
-from distrl import checkpoint, distributed, ops
+from distrl import checkpoint, distributed, ops, remote
 from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, UnrollSink
 from distrl.config import (
     CheckpointConfig,
@@ -140,7 +140,7 @@ def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed
         resumed = checkpoint.load(settings.resume) if settings.resume else None
         run_dir = None
     run_dir = Path(str(distributed.from_rank_0(str(run_dir), ranks)))
-    world = ranks.world_size if ranks is not None else 1
+    world = ranks.learners if ranks is not None else 1
     if resumed is not None and resumed.get("world_size", 1) != world:
         raise checkpoint.CheckpointError(
             f"resume: checkpoint '{settings.resume}' was written by {resumed.get('world_size', 1)}"
@@ -553,12 +553,65 @@ def train_unroll_agent(
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
     kernel_line = check_kernel(settings)
-    ranks = distributed.init_from_env()
+    ranks = distributed.init_from_env(learner_ranks=dist.learner_ranks)
     try:
+        if ranks is not None and not ranks.is_learner:
+            return _serve_unroll_actor_rank(parts, settings, source, ranks)
         return _train_unroll_agent(parts, settings, should_stop, source, kernel_line, ranks)
     finally:
         if ranks is not None:
             distributed.shutdown()
+
+
+def refuse_actor_ranks_for(source: Any, plain: Any, agent: str) -> None:
+    """Actor-only ranks carry actors with policy copies; SEED's env workers stay beside
+    the learner that serves their inference."""
+    if source is not plain:
+        raise ConfigError(
+            f"distributed.learner_ranks: actor-only ranks run actors with a policy copy "
+            f"(IMPALA, Ape-X, R2D2); agent={agent} keeps its env workers on the learner's "
+            "host, so launch it with every rank a learner (distributed.learner_ranks=0)")
+
+
+def actor_rank_summary(sent: int) -> dict[str, Any]:
+    """What an actor-only rank returns: it learns nothing and writes nothing."""
+    return {"frames": 0, "updates": 0, "slots_sent": sent, "mean_return_20": float("nan"),
+            "run_dir": "", "checkpoint": "", "returns": []}
+
+
+def _serve_unroll_actor_rank(parts: UnrollAgentParts, settings: RunSettings,
+                             source: SourceFactory, ranks: distributed.RankInfo
+                             ) -> dict[str, Any]:
+    """An actor-only rank of an unroll agent: its actors fill unroll slots that go, one
+    by one, to its learner rank (:mod:`distrl.remote`)."""
+    refuse_actor_ranks_for(source, ActorSource, parts.name)
+    dist = settings.distributed
+    per_group = dist.envs_per_actor // dist.env_groups
+    rank_settings = settings_for_rank(settings, ranks)
+    seed_everything(rank_settings.seed)
+    torch.set_num_threads(dist.learner_threads)
+    env = probe_env(settings)
+    model = parts.make_model(env.obs_shape, env.num_actions)
+    ctx = mp.get_context("spawn") if dist.actors > 0 else None
+    specs = unroll_specs(parts, model, env.obs_shape, env.obs_dtype, env.num_actions,
+                         per_group)
+    pool = SlotPool(specs, dist.slots or 2 * max(dist.actors, 1) * dist.env_groups,
+                    mp_context=ctx)
+    experience = ActorSource(SourceContext(parts, rank_settings, model, env.obs_shape,
+                                           env.num_actions, env.frames_per_step, pool,
+                                           per_group))
+    connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())
+    connection.first_weights(experience.weights)
+
+    def filled_slots() -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+        while True:
+            indices, _ = experience.next_batch(1, False, lambda: None)
+            yield pool.buffers, indices[0]
+
+    with experience:
+        sent = remote.serve_actor_rank(connection, experience.weights, filled_slots(),
+                                       lambda index: pool.release([index]), experience.drain)
+    return actor_rank_summary(sent)
 
 
 def _train_unroll_agent(
@@ -567,7 +620,7 @@ def _train_unroll_agent(
 ) -> dict[str, Any]:
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
-    world = ranks.world_size if ranks is not None else 1
+    world = ranks.learners if ranks is not None else 1
     main = ranks is None or ranks.is_main
     run_dir, resumed = run_dir_for_ranks(settings, parts.name, ranks)
     seed_everything(settings.seed)
@@ -577,7 +630,7 @@ def _train_unroll_agent(
     obs_shape, num_actions = env.obs_shape, env.num_actions
     model = parts.make_model(obs_shape, num_actions)
     if ranks is not None:
-        distributed.broadcast_parameters(model)
+        distributed.broadcast_parameters(model, group=ranks.group)
     # Every rank trains on its own batch each update: the frames of all ranks' batches.
     frames_per_update = parts.unroll_length * parts.batch_size * env.frames_per_step * world
     total_updates = math.ceil(settings.total_frames / frames_per_update)
@@ -585,7 +638,8 @@ def _train_unroll_agent(
     optimizer = optimizer_for(model, opt)
     scheduler = make_lr_schedule(optimizer, opt.lr_schedule, total_updates)
     slots_per_batch = parts.batch_size // per_group
-    producers = max(dist.actors, 1) * dist.env_groups
+    remote_ranks = ranks.actor_ranks_of(ranks.rank) if ranks is not None else []
+    producers = (max(dist.actors, 1) + len(remote_ranks)) * dist.env_groups
     num_slots = dist.slots or (2 * slots_per_batch + producers)
     if num_slots < slots_per_batch + producers:
         raise ConfigError(
@@ -601,7 +655,8 @@ def _train_unroll_agent(
 
     learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm,
                       experience.weights,
-                      distributed.GradientAverager(model) if ranks is not None else None)
+                      distributed.GradientAverager(model, ranks.group)
+                      if ranks is not None else None)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt.name)
@@ -618,7 +673,8 @@ def _train_unroll_agent(
                f"env_threads={dist.env_threads} actors={dist.actors} "
                f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}")
     if ranks is not None:
-        threads += f" learner_ranks={world} backend={ranks.backend}"
+        threads += (f" learner_ranks={world} actor_ranks={ranks.world_size - world}"
+                    f" backend={ranks.backend}")
     if main:
         print(f"[distrl] run_dir={run_dir} {threads}", flush=True)
         print(f"[distrl] {kernel_line}", flush=True)
@@ -638,10 +694,16 @@ def _train_unroll_agent(
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(logger.close)
         cleanup.enter_context(experience)
+        remote_actors = cleanup.enter_context(
+            remote.RemoteActors(ranks, pool, experience.weights)) if remote_ranks else None
 
         def collect_stats() -> None:
             for stats in experience.drain():
                 log_actor_stats(logger, stats, counters["frames"])
+            if remote_actors is not None:
+                remote_actors.check()
+                for stats in remote_actors.drain():
+                    log_actor_stats(logger, stats, counters["frames"])
 
         def next_batch() -> tuple[list[int], float]:
             return experience.next_batch(slots_per_batch, counters["frames"] == 0,

@@ -62,6 +62,16 @@ class WeightStore:
 
         Returns the version loaded, or None when nothing newer was published.
         """
+        newest = self.snapshot(have_version, retries)
+        if newest is None:
+            return None
+        version, flat = newest
+        self._load(model, flat)
+        return version
+
+    def snapshot(self, have_version: int, retries: int = 100) -> tuple[int, torch.Tensor] | None:
+        """A consistent copy ``(version, flat weights)`` of the newest version if it is newer
+        than ``have_version``, else None (what a learner broadcasts to actor-only ranks)."""
         for _ in range(retries):
             before = int(self.sequence.item())
             if before % 2 == 1:
@@ -69,12 +79,20 @@ class WeightStore:
                 continue
             if before // 2 <= have_version:
                 return None
-            snapshot = self.flat.clone()
-            if int(self.sequence.item()) != before:
-                continue
-            self._load(model, snapshot)
-            return before // 2
+            flat = self.flat.clone()
+            if int(self.sequence.item()) == before:
+                return before // 2, flat
         return None
+
+    def publish_flat(self, flat: torch.Tensor, version: int) -> None:
+        """Publish weights received as a flat tensor (a :meth:`snapshot` of another store).
+        The version may equal the current one: an actor-only rank's store starts at 0 and
+        then takes the learner's weights of whatever version it has."""
+        if version < self.version:
+            raise ValueError(f"version must not decrease: {version} < {self.version}")
+        self.sequence.fill_(max(2 * version - 1, 1))
+        self.flat.copy_(flat)
+        self.sequence.fill_(2 * version)
 
     def _load(self, model: nn.Module, flat: torch.Tensor) -> None:
         state = model.state_dict()

@@ -52,12 +52,60 @@ def _learner(model: nn.Module, sync=None) -> Learner:
                    make_lr_schedule(optimizer, "constant", 10), 1e9, sync_gradients=sync)
 
 
+def _remote_actor_rank_exchange(info, out_dir: str) -> None:
+    """Rank 0 learns, rank 1 only acts: rank 1 gets rank 0's weights before acting, sends
+    two slots (rank 0 finds them in its pool), gets version 1 after rank 0 publishes it,
+    and stops when rank 0 does."""
+    from distrl.actor import ActorStats
+    from distrl.queues import FieldSpec, SlotPool
+    from distrl.remote import LearnerConnection, RemoteActors
+    from distrl.weights import WeightStore
+
+    pool = SlotPool({"x": FieldSpec((3, 2), torch.float32, time_major=False),
+                     "n": FieldSpec((4,), torch.int64, time_major=False)}, num_slots=2)
+    out = Path(out_dir)
+    if info.rank == 0:
+        model = _model(100)
+        store = WeightStore(model)
+        with RemoteActors(info, pool, store) as remote:
+            first, _ = pool.take(1, timeout=30)
+            store.publish(_model(200), version=1)  # rank 1 gets it in the next reply
+            second, _ = pool.take(1, timeout=30)
+            received = {k: v.clone() for k, v in pool.gather(first + second).items()}
+            episodes = remote.drain()[0]
+        torch.save({"received": received, "returns": episodes.episode_returns,
+                    "frames": episodes.frames}, out / "rank0.pt")
+    else:
+        model = _model(101)  # its own random weights until rank 0's arrive
+        store = WeightStore(model)
+        connection = LearnerConnection(info, store.flat.numel())
+        connection.first_weights(store)
+        store.pull_if_newer(model, -1)
+        first_weights = {k: v.clone() for k, v in model.state_dict().items()}
+        versions, sent = [], []
+        for step in range(10):  # rank 0 stops it after its second slot's reply at most
+            pool.buffers["x"][0] = step + 0.5
+            pool.buffers["n"][0] = torch.arange(4) * (step + 1)
+            sent.append({k: v[0].clone() for k, v in pool.buffers.items()})
+            stats = ActorStats(frames=7, episode_returns=[float(step)], episode_lengths=[3])
+            go_on = connection.send(pool.buffers, 0, stats, store)
+            versions.append(store.version)
+            if not go_on:
+                break
+        store.pull_if_newer(model, -1)
+        torch.save({"first_weights": first_weights, "versions": versions, "sent": sent,
+                    "last_weights": model.state_dict()}, out / "rank1.pt")
+
+
 def _rank_main(rank: int, port: int, out_dir: str, task: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    info = init_from_env(timeout_s=60)
+    info = init_from_env(timeout_s=60, learner_ranks=1 if task == "remote" else 0)
     assert info is not None and info.backend == "gloo" and info.rank == rank
     try:
+        if task == "remote":
+            _remote_actor_rank_exchange(info, out_dir)
+            return
         if task == "step":
             model = _model(0)
             inputs, targets = _batch()
@@ -78,6 +126,21 @@ def _run_ranks(tmp_path: Path, task: str) -> list[dict[str, torch.Tensor]]:
     mp.start_processes(_rank_main, args=(_free_port(), str(tmp_path), task), nprocs=WORLD,
                        start_method="spawn", join=True)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def test_an_actor_only_rank_gets_rank_0s_weights_and_its_slots_reach_the_learner(tmp_path):
+    learner, actor = _run_ranks(tmp_path, "remote")
+    for name, value in _model(100).state_dict().items():  # before acting: rank 0's weights
+        assert torch.equal(actor["first_weights"][name], value), name
+    assert not torch.equal(actor["first_weights"]["0.weight"], _model(101).state_dict()["0.weight"])
+    for name, value in _model(200).state_dict().items():  # version 1 after the broadcast
+        assert torch.equal(actor["last_weights"][name], value), name
+    assert actor["versions"] == sorted(actor["versions"]) and 1 in actor["versions"]
+    for i in range(2):  # the learner's pool holds exactly what the actor rank sent
+        assert torch.equal(learner["received"]["x"][3 * i:3 * i + 3], actor["sent"][i]["x"])
+        assert torch.equal(learner["received"]["n"][4 * i:4 * i + 4], actor["sent"][i]["n"])
+    assert learner["returns"][:2] == [0.0, 1.0] and learner["frames"] >= 14
+    assert len(actor["versions"]) <= 3  # told to stop once the learner was done
 
 
 def test_one_averaged_step_equals_a_single_process_step_on_the_whole_batch(tmp_path):
@@ -179,7 +242,8 @@ from presets import compose_run
 if __name__ == "__main__":  # actor processes and env workers import this file again
     cfg = compose_run(Path({tmp!r}), {name!r}, *{overrides!r})
     result = agents.get(cfg.agent.name).run(cfg)
-    keys = ("updates", "frames", "checkpoint", "inserted", "replay_size", "mean_return_20")
+    keys = ("updates", "frames", "checkpoint", "inserted", "replay_size", "mean_return_20",
+            "slots_sent")
     Path({tmp!r}, "result" + os.environ["RANK"] + ".json").write_text(
         json.dumps({{k: result.get(k) for k in keys}}))
 """
@@ -235,6 +299,40 @@ def test_every_agent_trains_with_two_learner_ranks_and_exits_0(tmp_path, agent):
         assert results[0]["updates"] == step
         for rank in range(2):
             assert (directory / f"replay-rank{rank}-{step:012d}.pt").exists()
+
+
+ACTOR_RANK_AGENTS = {
+    "impala": ("agent=impala", "env=CartPole", "total_frames=12800",
+               "distributed.actors=0", "distributed.envs_per_actor=16",
+               "distributed.env_groups=1", "agent.batch_size=16"),
+    "impala_2_actors": ("agent=impala", "env=CartPole", "total_frames=12800",
+                        "distributed.actors=2", "distributed.envs_per_actor=8",
+                        "distributed.env_groups=1", "agent.batch_size=16"),
+    "apex": REPLAY_AGENTS["apex"],
+    "r2d2": REPLAY_AGENTS["r2d2"],
+}
+
+
+@pytest.mark.parametrize("agent", list(ACTOR_RANK_AGENTS))
+def test_an_actor_only_rank_feeds_the_learner_and_both_exit_0(tmp_path, agent):
+    """``distributed.learner_ranks=1`` on 2 ranks: rank 1 only acts and streams its slots
+    to rank 0, which learns from them beside its own actors' and stops it at the end."""
+    proc, results = _train_agent(tmp_path, "run", *ACTOR_RANK_AGENTS[agent],
+                                 "distributed.learner_ranks=1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    learner, actor = results
+    assert learner["updates"] > 0 and learner["checkpoint"]
+    assert actor["updates"] == 0 and actor["slots_sent"] > 0 and not actor["checkpoint"]
+    assert "actor_ranks=1" in proc.stdout
+    assert f"actor rank 1: sent {actor['slots_sent']} slots to learner rank 0" in proc.stdout
+
+
+def test_seed_refuses_actor_only_ranks_with_the_setting_named(tmp_path):
+    proc, _ = _train_agent(tmp_path, "run", *REPLAY_AGENTS["seed_impala"],
+                           "distributed.learner_ranks=1")
+    assert proc.returncode != 0
+    assert "distributed.learner_ranks: actor-only ranks run actors with a policy copy" in (
+        proc.stdout + proc.stderr)
 
 
 def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):

@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "env_workers": 2,
     "inference": 2,
     "learner": 2,
+    "remote": 2,
     "runner": 3,
     "replay_runner": 3,
     "seed_runner": 3,
@@ -55,6 +56,7 @@ SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
     ("seed_runner", "replay_runner"),  # and one for the replay runner's
     ("inference", "actor"),  # channels are env groups with unroll sinks, as on actors
     ("inference", "env_workers"),  # the server restarts the workers it serves
+    ("remote", "actor"),  # actor-only ranks send their actors' episode counters
 ]
 
 
