@@ -165,10 +165,14 @@ class DistributedConfig:
     # Under torchrun: ranks 0..learner_ranks-1 learn, the others only act and stream their
     # experience to a learner rank (distrl.remote); 0 = every rank learns.
     learner_ranks: int = 0
+    # Under torchrun: rank 0 broadcasts its weights to the other learners every this many
+    # updates (beside the start); 0 = only at the start.
+    resync_interval: int = 1000
 
     def __post_init__(self) -> None:
         check_non_negative("distributed.actors", self.actors)
         check_non_negative("distributed.learner_ranks", self.learner_ranks)
+        check_non_negative("distributed.resync_interval", self.resync_interval)
         for name in ("envs_per_actor", "env_groups", "env_threads", "learner_threads",
                      "actor_threads", "start_timeout_s"):
             check_positive(f"distributed.{name}", getattr(self, name))

@@ -121,6 +121,21 @@ def broadcast_parameters(model: nn.Module, src: int = 0, group: dist.ProcessGrou
             dist.broadcast(tensor, src, group=group)
 
 
+def resync_parameters(model: nn.Module, info: RankInfo) -> float:
+    """Overwrite every learner's parameters and buffers with rank 0's and return the
+    largest absolute difference this rank had (0 while the ranks stayed identical, as
+    averaged gradients keep them; a drift shows up here before it matters)."""
+    drift = 0.0
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            theirs = tensor.clone()
+            dist.broadcast(theirs, 0, group=info.group)
+            if tensor.is_floating_point():
+                drift = max(drift, float((theirs - tensor).abs().max()) if tensor.numel() else 0.0)
+            tensor.copy_(theirs)
+    return drift
+
+
 class GradientAverager:
     """Averages ``.grad`` over the ranks of ``group`` after backward: gradients are packed
     into flat buckets of at most ``bucket_bytes`` and all-reduced (SUM, then divided by

@@ -61,6 +61,7 @@ from distrl.runner import (
     recent_mean_20,
     refuse_actor_ranks_for,
     restore_learner,
+    resync_if_due,
     run_dir_for_ranks,
     seed_everything,
     settings_for_rank,
@@ -741,6 +742,7 @@ def _train_replay_agent(
                 assert data_wait is not None
                 batch, waited = prefetcher.next()
                 metrics, priorities = learner.step(batch)
+                resync_if_due(model, learner.updates, settings, ranks, logger)
                 prefetcher.settle()
                 replay.update_priorities(batch.indices, priorities)
                 if replay_ratio > 0:

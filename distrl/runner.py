@@ -149,6 +149,15 @@ def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed
     return run_dir, resumed
 
 
+def resync_if_due(model: nn.Module, updates: int, settings: RunSettings,
+                  ranks: distributed.RankInfo | None, logger: MetricLogger) -> None:
+    """Every ``distributed.resync_interval`` updates, rank 0's weights replace every
+    learner's; the drift each rank had is logged as ``learner/resync_drift``."""
+    interval = settings.distributed.resync_interval
+    if ranks is not None and interval > 0 and updates % interval == 0:
+        logger.add("learner/resync_drift", distributed.resync_parameters(model, ranks))
+
+
 def settings_for_rank(settings: RunSettings, ranks: distributed.RankInfo | None) -> RunSettings:
     """The settings a rank's actors use: another seed per rank, so ranks play other episodes."""
     if ranks is None:
@@ -720,6 +729,7 @@ def _train_unroll_agent(
                 pool.release(indices)
                 lag = learner.version - unroll.policy_versions.double().mean().item()
                 metrics, _ = learner.step(unroll)
+                resync_if_due(model, learner.updates, settings, ranks, logger)
                 counters["frames"] += frames_per_update
                 counters["elapsed_s"] = time.monotonic() - run_start
                 logger.add_many(metrics)

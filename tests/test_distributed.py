@@ -18,7 +18,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl.distributed import GradientAverager, broadcast_parameters, init_from_env
+from distrl.distributed import (
+    GradientAverager,
+    broadcast_parameters,
+    init_from_env,
+    resync_parameters,
+)
 from distrl.learner import Learner, make_lr_schedule
 
 pytestmark = pytest.mark.dist
@@ -114,6 +119,14 @@ def _rank_main(rank: int, port: int, out_dir: str, task: str) -> None:
             learner = _learner(model, GradientAverager(model, bucket_bytes=256))
             metrics, _ = learner.step((inputs[mine], targets[mine]))
             assert metrics["learner/allreduce_s"] > 0
+        elif task == "resync":  # ranks that drifted apart by 0.25 * rank in one weight
+            model = _model(0)
+            with torch.no_grad():
+                model[0].weight[0, 0] += 0.25 * rank
+            drift = resync_parameters(model, info)
+            torch.save({"state": model.state_dict(), "drift": drift},
+                       Path(out_dir) / f"rank{rank}.pt")
+            return
         else:  # broadcast: every rank starts from its own random weights
             model = _model(100 + rank)
             broadcast_parameters(model, src=0)
@@ -161,6 +174,14 @@ def test_broadcast_delivers_rank_0s_weights(tmp_path):
     for state in states:
         for name, value in expected.items():
             assert torch.equal(state[name], value), name
+
+
+def test_resync_restores_rank_0s_weights_and_reports_the_drift(tmp_path):
+    ranks = _run_ranks(tmp_path, "resync")
+    assert ranks[0]["drift"] == 0.0
+    assert ranks[1]["drift"] == pytest.approx(0.25)
+    for name, value in _model(0).state_dict().items():
+        assert torch.equal(ranks[1]["state"][name], value), name
 
 
 FAILING_RANK = """
