@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -231,6 +233,44 @@ def _torchrun(script: Path, nproc: int = 2, timeout: int = 300) -> subprocess.Co
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={nproc}", str(script)],
         capture_output=True, text=True, timeout=timeout)
+
+
+def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path):
+    """SIGTERM to torchrun (as a cluster scheduler sends it): it forwards the signal, both
+    ranks stop at the same update, rank 0 checkpoints, and no process is left behind."""
+    script = tmp_path / "train.py"
+    root = Path(__file__).resolve().parents[1]
+    script.write_text(TRAIN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
+                                                tmp=str(tmp_path), actors=2,
+                                                frames=10**9))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("run_dir=" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(10)  # actors started, updates under way
+        proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        proc.wait(timeout=90)
+        stopped_in = time.monotonic() - start
+        reader.join(timeout=10)
+        output = "".join(lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"job ended {stopped_in:.1f} s after SIGTERM")
+    assert stopped_in < 60, output[-3000:]
+    results = [(tmp_path / f"result{rank}.txt").read_text().split() for rank in range(2)]
+    assert results[0][0] == results[1][0] and int(results[0][0]) > 0, output[-3000:]
+    assert results[0][2] == "True"  # rank 0 wrote the checkpoint of that update
+    leftover = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "processes left behind"
 
 
 @pytest.mark.parametrize("actors", [0, 2])
