@@ -57,6 +57,7 @@ from distrl.runner import (
     final_checkpoint,
     log_actor_stats,
     optimizer_for,
+    prepare_actor_rank,
     probe_env,
     recent_mean_20,
     refuse_actor_ranks_for,
@@ -485,14 +486,10 @@ def _serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
     refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
-    rank_settings = settings_for_rank(settings, ranks)
-    seed_everything(rank_settings.seed)
-    torch.set_num_threads(dist.learner_threads)
-    env = probe_env(settings)
+    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
     topology = replay_topology(parts, settings, env, ranks)
     frame_shape = (env.obs_shape[1:] if topology.frame_stack is not None else env.obs_shape)
     model = parts.make_model(env.obs_shape, env.num_actions)
-    ctx = mp.get_context("spawn") if dist.actors > 0 else None
     stats = ActorStats()
 
     def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:

@@ -582,6 +582,17 @@ def refuse_actor_ranks_for(source: Any, plain: Any, agent: str) -> None:
             "host, so launch it with every rank a learner (distributed.learner_ranks=0)")
 
 
+def prepare_actor_rank(settings: RunSettings, ranks: distributed.RankInfo
+                       ) -> tuple[RunSettings, EnvProbe, Any]:
+    """An actor-only rank's own seeds and threads, its env's shape, and the spawn context
+    of its actor processes (None when its actor runs in its own process)."""
+    rank_settings = settings_for_rank(settings, ranks)
+    seed_everything(rank_settings.seed)
+    torch.set_num_threads(settings.distributed.learner_threads)
+    ctx = mp.get_context("spawn") if settings.distributed.actors > 0 else None
+    return rank_settings, probe_env(settings), ctx
+
+
 def actor_rank_summary(sent: int) -> dict[str, Any]:
     """What an actor-only rank returns: it learns nothing and writes nothing."""
     return {"frames": 0, "updates": 0, "slots_sent": sent, "mean_return_20": float("nan"),
@@ -596,12 +607,8 @@ def _serve_unroll_actor_rank(parts: UnrollAgentParts, settings: RunSettings,
     refuse_actor_ranks_for(source, ActorSource, parts.name)
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
-    rank_settings = settings_for_rank(settings, ranks)
-    seed_everything(rank_settings.seed)
-    torch.set_num_threads(dist.learner_threads)
-    env = probe_env(settings)
+    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
     model = parts.make_model(env.obs_shape, env.num_actions)
-    ctx = mp.get_context("spawn") if dist.actors > 0 else None
     specs = unroll_specs(parts, model, env.obs_shape, env.obs_dtype, env.num_actions,
                          per_group)
     pool = SlotPool(specs, dist.slots or 2 * max(dist.actors, 1) * dist.env_groups,
