@@ -477,3 +477,13 @@ def test_apex_learns_cartpole_with_two_learner_ranks(tmp_path):
     mean = results[0]["mean_return_20"]
     print(f"2 ranks: mean over ranks {mean:.1f} at {results[0]['frames']:,} frames")
     assert mean >= 450 and results[0]["frames"] <= 300_000 + 16
+
+
+def test_more_learner_ranks_than_ranks_is_refused_with_the_setting_named(monkeypatch):
+    from distrl.config import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"distributed.learner_ranks must be 0 .* or 1..2 "
+                                          r"\(the torchrun world size\), got 3"):
+        init_from_env(learner_ranks=3)
+    assert not dist.is_initialized()
