@@ -70,14 +70,14 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
         from distrl.seed_runner import SeedReplaySource
 
         parts = r2d2.parts(agent.r2d2, cfg.kernel)
-        parts.name = "seed"
+        parts.name, parts.device = "seed", agent.device  # inference and training share it
         return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
                                   source=functools.partial(SeedReplaySource, **inference))
     from distrl.runner import train_unroll_agent
     from distrl.seed_runner import SeedSource
 
     parts = impala.parts(agent.impala, cfg.kernel)
-    parts.name = "seed"
+    parts.name, parts.device = "seed", agent.device  # inference and training share it
     return train_unroll_agent(parts, settings, should_stop=should_stop,
                               source=functools.partial(SeedSource, **inference))
 

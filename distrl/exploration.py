@@ -24,4 +24,6 @@ def epsilon_greedy(q: torch.Tensor, epsilons: torch.Tensor,
     n, num_actions = q.shape
     explore = torch.rand(n, generator=generator, dtype=torch.float64) < epsilons
     random = torch.randint(0, num_actions, (n,), generator=generator)
-    return torch.where(explore, random, q.argmax(dim=-1))
+    # The draws stay on the CPU generator (the same streams on any device); the actions
+    # come back to the CPU, where envs take them.
+    return torch.where(explore, random, q.argmax(dim=-1).cpu())

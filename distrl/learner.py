@@ -6,6 +6,7 @@ priorities)``. Also the optimizers and learning-rate schedules the papers use.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from distrl.config import ConfigError
 from distrl.weights import WeightStore
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float], Any]]
@@ -53,6 +55,31 @@ def make_lr_schedule(
     raise ValueError(f"optimizer.lr_schedule must be one of linear, constant; got {schedule!r}")
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("agent.device is 'cuda' but torch sees no CUDA device; use auto or cpu")
+    return torch.device(name)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor in it (dataclass fields, tuples, lists, dicts) on
+    ``device``; anything else unchanged."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(batch, **{
+            f.name: to_device(getattr(batch, f.name), device)
+            for f in dataclasses.fields(batch) if f.init})
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    return batch
+
+
 class Learner:
     """Applies one gradient update per batch and publishes the new weights.
 
@@ -65,6 +92,7 @@ class Learner:
         sync_gradients: called after backward, before clipping, to average gradients
             across learner ranks (:class:`distrl.distributed.GradientAverager`); its
             ``last_s`` is logged as ``learner/allreduce_s``.
+        device: the model's device; each batch moves there (None: it is already there).
     """
 
     def __init__(
@@ -76,6 +104,7 @@ class Learner:
         max_grad_norm: float,
         weights: WeightStore | None = None,
         sync_gradients: Any = None,
+        device: torch.device | None = None,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -84,6 +113,7 @@ class Learner:
         self.max_grad_norm = max_grad_norm
         self.weights = weights
         self.sync_gradients = sync_gradients
+        self.device = device  # where the model is: batches move there, priorities back
         self.updates = 0
 
     @property
@@ -95,7 +125,11 @@ class Learner:
         """One update on ``batch``. Returns (metrics, priorities from loss_fn)."""
         start = time.perf_counter()
         self.model.train()
+        if self.device is not None and self.device.type != "cpu":
+            batch = to_device(batch, self.device)
         loss, metrics, priorities = self.loss_fn(self.model, batch)
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().cpu()  # the replay's sum tree is on the CPU
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.sync_gradients is not None:

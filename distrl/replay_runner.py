@@ -41,7 +41,7 @@ from distrl import checkpoint, distributed, remote
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
 from distrl.config import OptimizerConfig
 from distrl.envs import env_seed, is_atari, make_envs
-from distrl.learner import Learner, make_lr_schedule
+from distrl.learner import Learner, make_lr_schedule, resolve_device
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
 from distrl.replay.buffer import ReplayBuffer
@@ -112,6 +112,7 @@ class ReplayAgentParts:
     weight_sync_steps: int  # actor steps between weight pulls
     replay_ratio: float  # samples per inserted item; 0: uncapped (1 in one process)
     optimizer: OptimizerConfig
+    device: str = "cpu"  # where the learner trains: cpu | cuda | auto (SEED: with inference)
 
 
 # ---------------------------------------------------------------- transport
@@ -551,7 +552,8 @@ def _train_replay_agent(
     frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
     topology = replay_topology(parts, settings, env, ranks)
 
-    model = parts.make_model(obs_shape, num_actions)
+    device = resolve_device(parts.device)
+    model = parts.make_model(obs_shape, num_actions).to(device)
     if ranks is not None:  # before the loss copies its target network
         distributed.broadcast_parameters(model, group=ranks.group)
     opt = parts.optimizer
@@ -585,7 +587,7 @@ def _train_replay_agent(
                                             frames_per_step, ctx, len(remote_ranks)))
     learner = Learner(model, loss, optimizer, scheduler, opt.max_grad_norm, experience.weights,
                       distributed.GradientAverager(model, ranks.group)
-                      if ranks is not None else None)
+                      if ranks is not None else None, device)
     local_writer_states: list[dict[str, Any]] | None = None
     if resumed is not None:
         restore_learner(learner, resumed, opt.name, (loss, "loss"),

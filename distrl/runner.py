@@ -41,7 +41,7 @@ from distrl.config import (
     OptimizerConfig,
 )
 from distrl.envs import env_seed, make_envs
-from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer
+from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, resolve_device
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
 from distrl.types import Unroll
@@ -66,6 +66,7 @@ class UnrollAgentParts:
     unroll_length: int
     batch_size: int
     optimizer: OptimizerConfig
+    device: str = "cpu"  # where the learner trains: cpu | cuda | auto (SEED: with inference)
 
 
 @dataclass
@@ -644,7 +645,8 @@ def _train_unroll_agent(
 
     env = probe_env(settings)
     obs_shape, num_actions = env.obs_shape, env.num_actions
-    model = parts.make_model(obs_shape, num_actions)
+    device = resolve_device(parts.device)
+    model = parts.make_model(obs_shape, num_actions).to(device)
     if ranks is not None:
         distributed.broadcast_parameters(model, group=ranks.group)
     # Every rank trains on its own batch each update: the frames of all ranks' batches.
@@ -672,7 +674,7 @@ def _train_unroll_agent(
     learner = Learner(model, parts.loss_fn, optimizer, scheduler, opt.max_grad_norm,
                       experience.weights,
                       distributed.GradientAverager(model, ranks.group)
-                      if ranks is not None else None)
+                      if ranks is not None else None, device)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt.name)

@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from distrl.actor import ActorStats, ActorStopped, EnvGroup, Sink, TransitionSink, UnrollSink
-from distrl.config import ConfigError, DistributedConfig, EnvConfig
+from distrl.config import DistributedConfig, EnvConfig
 from distrl.env_workers import Channels, EnvWorkers, LocalChannels
 from distrl.envs import env_seed, make_envs
 from distrl.inference import InferenceServer, InferenceStats, InferenceWeights, ServerThread
+from distrl.learner import resolve_device, to_device
 from distrl.logging import MetricLogger
 from distrl.replay_runner import ReplayBatch, ReplaySourceContext
 from distrl.runner import SourceContext, wait_for_slots
@@ -45,15 +46,6 @@ class InferenceSettings:
     worker_timeout_s: float  # a worker silent this long after its actions is restarted
     max_worker_restarts: int  # more restarts than this fail the run
     device: str  # auto (cuda when available) | cpu | cuda
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without a GPU is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("agent.device is 'cuda' but torch sees no CUDA device; use auto or cpu")
-    return torch.device(name)
 
 
 class _ServerSource:
@@ -250,7 +242,7 @@ class SeedReplaySource(_ServerSource):
     def _prioritise_and_emit(self, writer: Any, batch: ReplayBatch) -> None:
         """Runs in the server: initial priorities with the inference model, then to the
         learner (directly in serial mode, else through a bounded queue)."""
-        sample = self.ctx.parts.experience.as_sample(writer, batch)
+        sample = to_device(self.ctx.parts.experience.as_sample(writer, batch), self.device)
         with self.weights.lock:
             priorities = self.ctx.parts.initial_priorities(self.inference_model, sample).float()
         if self.serial:

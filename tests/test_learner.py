@@ -196,3 +196,25 @@ def test_state_dict_round_trip_reproduces_the_next_updates() -> None:
     weights_only.model.load_state_dict(saved["model"])
     weights_only.step(_batch(3))
     assert not torch.equal(weights_only.model[0].weight, expected[0][1]["0.weight"])
+
+
+def test_to_device_moves_every_tensor_of_a_nested_batch():
+    """The meta device stands in for a GPU: every tensor of an Unroll (its LSTM state is
+    a tuple) and of a dict must land there; non-tensors stay as they are."""
+    from distrl.learner import to_device
+    from distrl.types import Unroll
+
+    t, b = 3, 2
+    unroll = Unroll(observations=torch.zeros(t + 1, b, 4), actions=torch.zeros(t, b).long(),
+                    rewards=torch.zeros(t, b), dones=torch.zeros(t, b, dtype=torch.bool),
+                    behaviour_logits=torch.zeros(t, b, 2),
+                    policy_versions=torch.zeros(t, b).long(),
+                    core_state=(torch.zeros(b, 8), torch.zeros(b, 8)))
+    moved = to_device(unroll, torch.device("meta"))
+    assert type(moved) is Unroll and isinstance(moved.core_state, tuple)
+    tensors = [moved.observations, moved.actions, moved.rewards, moved.dones,
+               moved.behaviour_logits, moved.policy_versions, *moved.core_state]
+    assert all(x.device.type == "meta" for x in tensors)
+    assert unroll.observations.device.type == "cpu"  # the original is untouched
+    nested = to_device({"a": [torch.ones(1), 3], "b": "text"}, torch.device("meta"))
+    assert nested["a"][0].device.type == "meta" and nested["a"][1] == 3 and nested["b"] == "text"

@@ -327,6 +327,26 @@ def test_cuda_device_without_a_gpu_is_refused(tmp_path):
         seed.run(cartpole_config(tmp_path, "cuda", actors=0, total_frames=640, device="cuda"))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("learner", ["impala", "r2d2"])
+def test_inference_and_training_share_the_gpu(tmp_path, learner):
+    """agent.device=cuda: the server infers and the learner trains on the GPU (2 env
+    worker processes); the run makes its updates and its checkpoint holds CUDA weights."""
+    if learner == "impala":
+        cfg = cartpole_config(tmp_path, "gpu", actors=2, total_frames=20 * 32 * 10,
+                              device="cuda")
+    else:
+        cfg = compose_preset(tmp_path, "seed_r2d2_cartpole", "gpu", "agent.device=cuda",
+                             "total_frames=3000", "agent.r2d2.learning_starts=20",
+                             "agent.r2d2.batch_size=8", "distributed.actors=2",
+                             "distributed.envs_per_actor=4")
+    result = seed.run(cfg)
+    assert result["updates"] > 0
+    state = torch.load(result["checkpoint"], weights_only=False)["learner"]["model"]
+    assert all(t.is_cuda for t in state.values())
+
+
 def test_serial_seed_trains_like_serial_impala(tmp_path):
     """In one process SEED-IMPALA's server acts exactly as IMPALA's local actor: the same
     seed gives the same weights after 3 updates."""
