@@ -146,7 +146,11 @@ def _env_worker(
 ) -> None:
     """Entry point of one env worker process: step its channels' envs until told to stop,
     the server process is gone, or an env raises (then exit 1 with the traceback)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process decides when to stop
+    # The learner process decides when to stop: a Ctrl-C or a scheduler's SIGTERM sent to
+    # the whole process group must not kill actors under a learner that is checkpointing
+    # (they still end when told, when the parent is gone, or by SIGKILL at shutdown).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     envs: list[VectorEnv] = []
 

@@ -326,7 +326,11 @@ def _actor_process(
     parent_pid: int,
 ) -> None:
     """Entry point of one actor process: act until told to stop or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner process decides when to stop
+    # The learner process decides when to stop: a Ctrl-C or a scheduler's SIGTERM sent to
+    # the whole process group must not kill actors under a learner that is checkpointing
+    # (they still end when told, when the parent is gone, or by SIGKILL at shutdown).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     actor = None
     try:  # everything that can fail reports its traceback to the learner

@@ -220,8 +220,9 @@ from test_impala import cartpole_config
 from agents import impala
 from pathlib import Path
 if __name__ == "__main__":  # actor processes are spawned: they import this file again
-    result = impala.run(cartpole_config(Path({tmp!r}), "ranks", actors={actors},
-                                        total_frames={frames}))
+    cfg = cartpole_config(Path({tmp!r}), "ranks", actors={actors}, total_frames={frames})
+    cfg.log.interval_s = {interval}
+    result = impala.run(cfg)
     rank = os.environ["RANK"]  # each rank writes its own file: printed lines interleave
     Path({tmp!r}, f"result{{rank}}.txt").write_text(
         f"{{result['updates']}} {{result['frames']}} {{bool(result['checkpoint'])}}")
@@ -242,7 +243,7 @@ def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path)
     root = Path(__file__).resolve().parents[1]
     script.write_text(TRAIN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
                                                 tmp=str(tmp_path), actors=2,
-                                                frames=10**9))
+                                                frames=10**9, interval=1.0))
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -251,10 +252,11 @@ def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path)
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 120
-        while not any("run_dir=" in line for line in lines) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180
+        # Rank 0's first report (every second here) comes after an update: both ranks
+        # are in their training loops, past actor start-up, with their signal handlers.
+        while not any("updates=" in line for line in lines) and time.monotonic() < deadline:
             time.sleep(0.5)
-        time.sleep(10)  # actors started, updates under way
         proc.send_signal(signal.SIGTERM)
         start = time.monotonic()
         proc.wait(timeout=90)
@@ -266,6 +268,7 @@ def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path)
             os.killpg(proc.pid, signal.SIGKILL)
     print(f"job ended {stopped_in:.1f} s after SIGTERM")
     assert stopped_in < 60, output[-3000:]
+    assert all((tmp_path / f"result{rank}.txt").exists() for rank in range(2)), output[-3000:]
     results = [(tmp_path / f"result{rank}.txt").read_text().split() for rank in range(2)]
     assert results[0][0] == results[1][0] and int(results[0][0]) > 0, output[-3000:]
     assert results[0][2] == "True"  # rank 0 wrote the checkpoint of that update
@@ -281,7 +284,7 @@ def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
     root = Path(__file__).resolve().parents[1]
     script.write_text(TRAIN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
                                                 tmp=str(tmp_path), actors=actors,
-                                                frames=10 * 640 * 2))
+                                                frames=10 * 640 * 2, interval=30.0))
     proc = _torchrun(script)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [(tmp_path / f"result{rank}.txt").read_text() for rank in range(2)]
