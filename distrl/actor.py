@@ -84,6 +84,12 @@ class ActorStats:
     sink_wait_s: float = 0.0
     policy_version: int = 0
 
+    def absorb(self, other: ActorStats) -> None:
+        """Add ``other``'s frames and finished episodes to these counters."""
+        self.frames += other.frames
+        self.episode_returns += other.episode_returns
+        self.episode_lengths += other.episode_lengths
+
     def drain(self) -> ActorStats:
         """Return the counters so far and start new ones."""
         out = ActorStats(**vars(self))

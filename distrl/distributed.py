@@ -180,16 +180,6 @@ class GradientAverager:
         self.last_s = time.perf_counter() - start
 
 
-def any_rank(flag: bool, info: RankInfo | None) -> bool:
-    """True on every rank when ``flag`` is true on any rank (one tiny all-reduce), so all
-    ranks stop at the same update; without a process group, ``flag`` itself."""
-    if info is None:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=info.group)
-    return bool(value.item() > 0)
-
-
 def from_rank_0(value: object, info: RankInfo | None) -> object:
     """Rank 0's ``value`` on every rank (e.g. the run directory it chose)."""
     if info is None:

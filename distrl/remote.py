@@ -46,15 +46,20 @@ class _PairLink:
         self.group = group
         self.learner = learner  # global rank that broadcasts
 
+    def send(self, tensor: torch.Tensor) -> None:
+        dist.send(tensor, self.peer, group=self.group)
+
+    def recv(self, tensor: torch.Tensor) -> None:
+        dist.recv(tensor, self.peer, group=self.group)
+
     def send_slot(self, pool_buffers: dict[str, torch.Tensor], index: int) -> None:
         for name in sorted(pool_buffers):
-            dist.send(pool_buffers[name][index], self.peer, group=self.group)
+            self.send(pool_buffers[name][index])
 
     def recv_slot(self, buffers: dict[str, torch.Tensor], index: int | None) -> None:
         """Into slot ``index`` of ``buffers``, or into the single-slot ``buffers`` itself."""
         for name in sorted(buffers):
-            dist.recv(buffers[name] if index is None else buffers[name][index], self.peer,
-                      group=self.group)
+            self.recv(buffers[name] if index is None else buffers[name][index])
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         dist.broadcast(tensor, self.learner, group=self.group)
@@ -88,15 +93,12 @@ class LearnerConnection:
         """Send slot ``index`` with the episodes in ``stats``; publish newer weights into
         ``store``. Returns False when the learner asks this rank to stop."""
         episodes = _episodes_tensor(stats)
-        self.link_send(torch.tensor([episodes.shape[0], stats.frames], dtype=torch.int64))
+        self.link.send(torch.tensor([episodes.shape[0], stats.frames], dtype=torch.int64))
         if episodes.shape[0]:
-            self.link_send(episodes)
+            self.link.send(episodes)
         self.link.send_slot(buffers, index)
         self.sent += 1
         return self._take_reply(store)
-
-    def link_send(self, tensor: torch.Tensor) -> None:
-        dist.send(tensor, self.link.peer, group=self.link.group)
 
     def _take_reply(self, store: WeightStore) -> bool:
         self.link.broadcast(self.control)
@@ -147,19 +149,19 @@ class RemoteActors:
                 sent_version = self._reply(link, sent_version, stop)
                 if stop:
                     return
-                dist.recv(header, actor_rank, group=link.group)
+                link.recv(header)
                 episodes, frames = (int(v) for v in header)
                 returns = torch.zeros(episodes, 2, dtype=torch.float64)
                 if episodes:
-                    dist.recv(returns, actor_rank, group=link.group)
+                    link.recv(returns)
                 index = self._free_slot()
                 link.recv_slot(self.scratch if index is None else self.pool.buffers, index)
                 if index is not None:
                     self.pool.commit(index)
                 with self.lock:
-                    self.stats.frames += frames
-                    self.stats.episode_returns += returns[:, 0].tolist()
-                    self.stats.episode_lengths += [int(n) for n in returns[:, 1].tolist()]
+                    self.stats.absorb(ActorStats(
+                        frames=frames, episode_returns=returns[:, 0].tolist(),
+                        episode_lengths=[int(n) for n in returns[:, 1].tolist()]))
         except BaseException as error:  # reported to the learner loop by check()
             if not self.stopping.is_set():
                 self.errors.append(error)
@@ -210,9 +212,7 @@ def serve_actor_rank(connection: LearnerConnection, store: WeightStore,
     for buffers, index in filled_slots:
         stats = ActorStats()
         for part in drain_stats():
-            stats.frames += part.frames
-            stats.episode_returns += part.episode_returns
-            stats.episode_lengths += part.episode_lengths
+            stats.absorb(part)
         go_on = connection.send(buffers, index, stats, store)
         release(index)
         if not go_on:

@@ -193,6 +193,11 @@ class ReplayTopology:
     # those of the learner's own actors (or another actor rank's) in the one replay.
     stream_base: int = 0
 
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """One stored frame: a stack's single frame, or the whole vector observation."""
+        return self.obs_shape[1:] if self.frame_stack is not None else self.obs_shape
+
 
 def build_replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
@@ -489,7 +494,7 @@ def _serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
     per_group = dist.envs_per_actor // dist.env_groups
     rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
     topology = replay_topology(parts, settings, env, ranks)
-    frame_shape = (env.obs_shape[1:] if topology.frame_stack is not None else env.obs_shape)
+    frame_shape = topology.frame_shape
     model = parts.make_model(env.obs_shape, env.num_actions)
     stats = ActorStats()
 
@@ -548,9 +553,8 @@ def _train_replay_agent(
     env = probe_env(settings)
     obs_shape, obs_dtype, num_actions = env.obs_shape, env.obs_dtype, env.num_actions
     frames_per_step = env.frames_per_step
-    frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
-    frame_shape = obs_shape[1:] if frame_stack is not None else obs_shape
     topology = replay_topology(parts, settings, env, ranks)
+    frame_stack, frame_shape = topology.frame_stack, topology.frame_shape
 
     device = resolve_device(parts.device)
     model = parts.make_model(obs_shape, num_actions).to(device)

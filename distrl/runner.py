@@ -750,12 +750,15 @@ def _train_unroll_agent(
                 logger.add("learner/batch_wait_s", waited)
                 collect_stats()
                 experience.log(logger)
-                # Under torchrun the target is the mean over ranks of each one's last 20.
-                mean_20 = distributed.mean_over_ranks(recent_mean_20(logger), ranks)
+                # Under torchrun the target is the mean over ranks of each one's last 20; one
+                # all-reduce carries it with the stop flag (frames are already global here).
+                agreement = distributed.agree(
+                    signals.requested
+                    or (should_stop is not None and should_stop(learner.updates)),
+                    False, 0, recent_mean_20(logger), ranks)
+                mean_20 = agreement.mean_return_20
                 reached = settings.stop_at_return is not None and mean_20 >= settings.stop_at_return
-                stop_now = distributed.any_rank(
-                    signals.requested or reached
-                    or (should_stop is not None and should_stop(learner.updates)), ranks)
+                stop_now = agreement.stop or reached
                 if logger.due() or stop_now or counters["frames"] >= settings.total_frames:
                     now = time.monotonic()
                     span = max(now - report_time, 1e-9)
