@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before any process group: see init_from_env)
 from torch import nn
 
 from distrl.config import ConfigError
@@ -94,6 +95,12 @@ def init_from_env(timeout_s: float = 300.0, learner_ranks: int = 0) -> RankInfo 
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     timeout = datetime.timedelta(seconds=timeout_s)
+    # torch.distributed.nn.functional takes ``group.WORLD`` as a default argument when it
+    # is first imported (torch._dynamo imports it, lazily, at the first optimizer step).
+    # Imported after init it would pin the default group past destroy_process_group, and
+    # gloo's worker threads, still alive at interpreter exit, abort the process now and
+    # then (std::terminate while freeing a tensor without the GIL). It is imported at the
+    # top of this module, so those defaults hold None.
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)
     learners = learner_ranks or world

@@ -217,6 +217,7 @@ import sys
 sys.path.insert(0, {root!r})
 sys.path.insert(0, {tests!r})
 from test_impala import cartpole_config
+from gloo_threads import gloo_threads_left
 from agents import impala
 from pathlib import Path
 if __name__ == "__main__":  # actor processes are spawned: they import this file again
@@ -225,7 +226,8 @@ if __name__ == "__main__":  # actor processes are spawned: they import this file
     result = impala.run(cfg)
     rank = os.environ["RANK"]  # each rank writes its own file: printed lines interleave
     Path({tmp!r}, f"result{{rank}}.txt").write_text(
-        f"{{result['updates']}} {{result['frames']}} {{bool(result['checkpoint'])}}")
+        f"{{result['updates']}} {{result['frames']}} {{bool(result['checkpoint'])}} "
+        f"{{gloo_threads_left()}}")
 """
 
 
@@ -288,7 +290,8 @@ def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
     proc = _torchrun(script)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [(tmp_path / f"result{rank}.txt").read_text() for rank in range(2)]
-    assert results == ["10 12800 True", "10 12800 False"]  # rank 0 alone checkpoints
+    # rank 0 alone checkpoints; no rank keeps gloo threads past the run
+    assert results == ["10 12800 True 0", "10 12800 False 0"]
     checkpoints = list((tmp_path / "ranks" / "checkpoints").glob("*.pt"))
     assert len(checkpoints) == 1
     assert torch.load(checkpoints[0], weights_only=False)["world_size"] == 2
@@ -303,13 +306,15 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 import agents
 from presets import compose_run
+from gloo_threads import gloo_threads_left
 if __name__ == "__main__":  # actor processes and env workers import this file again
     cfg = compose_run(Path({tmp!r}), {name!r}, *{overrides!r})
     result = agents.get(cfg.agent.name).run(cfg)
     keys = ("updates", "frames", "checkpoint", "inserted", "replay_size", "mean_return_20",
             "slots_sent")
-    Path({tmp!r}, "result" + os.environ["RANK"] + ".json").write_text(
-        json.dumps({{k: result.get(k) for k in keys}}))
+    summary = {{k: result.get(k) for k in keys}}
+    summary["gloo_threads"] = gloo_threads_left()
+    Path({tmp!r}, "result" + os.environ["RANK"] + ".json").write_text(json.dumps(summary))
 """
 
 
@@ -355,6 +360,7 @@ def test_every_agent_trains_with_two_learner_ranks_and_exits_0(tmp_path, agent):
     assert results[0]["updates"] == results[1]["updates"] > 0
     assert results[0]["frames"] == results[1]["frames"]
     assert results[0]["checkpoint"] and not results[1]["checkpoint"]  # rank 0 names it
+    assert [r["gloo_threads"] for r in results] == [0, 0]  # the process groups are gone
     directory = tmp_path / "run" / "checkpoints"
     (main,) = directory.glob("checkpoint-*.pt")
     assert torch.load(main, weights_only=False)["world_size"] == 2
@@ -387,6 +393,7 @@ def test_an_actor_only_rank_feeds_the_learner_and_both_exit_0(tmp_path, agent):
     learner, actor = results
     assert learner["updates"] > 0 and learner["checkpoint"]
     assert actor["updates"] == 0 and actor["slots_sent"] > 0 and not actor["checkpoint"]
+    assert learner["gloo_threads"] == actor["gloo_threads"] == 0
     assert "actor_ranks=1" in proc.stdout
     assert f"actor rank 1: sent {actor['slots_sent']} slots to learner rank 0" in proc.stdout
 
