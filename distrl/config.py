@@ -211,6 +211,21 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation of the final weights on fresh envs after the last checkpoint
+    (:mod:`distrl.evaluation`); logged under ``eval/`` and returned as ``eval_return``."""
+
+    episodes: int = 0  # whole episodes, one per env, each env's first; 0: no evaluation
+    # The Q agents (apex, r2d2) act epsilon-greedily with this; 0 is greedy. IMPALA
+    # samples from its softmax policy and refuses another value.
+    epsilon: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_non_negative("eval.episodes", self.episodes)
+        check_unit_interval("eval.epsilon", self.epsilon)
+
+
+@dataclass
 class RunConfig:
     """One experiment: which agent on which env, for how long, in which topology."""
 
@@ -219,6 +234,7 @@ class RunConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     total_frames: int = 200_000_000  # IMPALA's Atari budget; env frames (agent steps x frame_skip)
     resume: Optional[str] = None  # path of a checkpoint (or a run directory) to continue from

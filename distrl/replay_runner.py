@@ -41,6 +41,7 @@ from distrl import checkpoint, distributed, remote
 from distrl.actor import Actor, ActorStats, EnvGroup, Policy, TransitionSink, acquire_slot
 from distrl.config import OptimizerConfig
 from distrl.envs import env_seed, is_atari, make_envs
+from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
 from distrl.learner import Learner, make_lr_schedule, resolve_device
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
@@ -803,7 +804,14 @@ def _train_replay_agent(
                     break
         final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint,
                                  announce=main)
+        epsilon = settings.evaluation.epsilon
+        evaluation = (evaluate_final_policy(
+            settings.evaluation, settings.env, settings.seed,
+            parts.make_policy(frozen_cpu_copy(model),
+                              torch.full((settings.evaluation.episodes,), epsilon)),
+            logger, total_frames, epsilon) if main and settings.evaluation.episodes else {})
         return {
+            **evaluation,
             "frames": total_frames, "updates": learner.updates,
             "replay_size": len(replay), "inserted": replay.inserted, "sampled": replay.sampled,
             "mean_return_20": (distributed.mean_over_ranks(logger.mean_recent_return(20), ranks)),

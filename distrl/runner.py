@@ -37,10 +37,12 @@ from distrl.config import (
     ConfigError,
     DistributedConfig,
     EnvConfig,
+    EvalConfig,
     LogConfig,
     OptimizerConfig,
 )
 from distrl.envs import env_seed, make_envs
+from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
 from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, resolve_device
 from distrl.logging import MetricLogger
 from distrl.queues import FieldSpec, SlotPool
@@ -83,6 +85,7 @@ class RunSettings:
     config_text: str = ""  # the resolved config, stored in tensorboard and checkpoints
     kernel: str = "auto"  # compiled ops or the torch reference (distrl.ops)
     stop_at_return: float | None = None  # end once the last 20 episodes' mean reaches it
+    evaluation: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # after the run
 
     @classmethod
     def from_config(cls, cfg: Any) -> RunSettings:
@@ -90,7 +93,8 @@ class RunSettings:
         return cls(env=cfg.env, distributed=cfg.distributed, log=cfg.log,
                    checkpoint=cfg.checkpoint, seed=cfg.seed, total_frames=cfg.total_frames,
                    resume=cfg.resume, config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
-                   kernel=cfg.kernel, stop_at_return=cfg.stop_at_return)
+                   kernel=cfg.kernel, stop_at_return=cfg.stop_at_return,
+                   evaluation=cfg.eval)
 
 
 def recent_mean_20(logger: MetricLogger) -> float:
@@ -566,6 +570,10 @@ def train_unroll_agent(
             f"agent.batch_size ({parts.batch_size}) must be a multiple of the envs per group, "
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
+    if settings.evaluation.epsilon != 0:
+        raise ConfigError(f"eval.epsilon applies to the Q-learning agents (apex, r2d2); "
+                          f"{parts.name} is evaluated sampling its own policy, so leave it "
+                          f"at 0, got {settings.evaluation.epsilon}")
     kernel_line = check_kernel(settings)
     ranks = distributed.init_from_env(learner_ranks=dist.learner_ranks)
     try:
@@ -777,7 +785,12 @@ def _train_unroll_agent(
                     break
         final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
                  if main else "")  # rank 0 writes the model and optimizer
+        evaluation = (evaluate_final_policy(
+            settings.evaluation, settings.env, settings.seed,
+            parts.make_policy(frozen_cpu_copy(model)), logger, counters["frames"], epsilon=None)
+            if main and settings.evaluation.episodes else {})
         return {
+            **evaluation,
             "frames": counters["frames"], "updates": learner.updates,
             "lr": optimizer.param_groups[0]["lr"],
             "mean_return_20": distributed.mean_over_ranks(logger.mean_recent_return(20), ranks),
