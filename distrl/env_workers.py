@@ -18,7 +18,6 @@ server infers for one group while the other steps.
 from __future__ import annotations
 
 import os
-import signal
 import time
 import traceback
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distrl.child_process import ignore_stop_signals, stop_requested
 from distrl.config import EnvConfig
 from distrl.envs import VectorEnv, env_seed, make_envs
 from distrl.types import EnvStep
@@ -146,16 +146,10 @@ def _env_worker(
 ) -> None:
     """Entry point of one env worker process: step its channels' envs until told to stop,
     the server process is gone, or an env raises (then exit 1 with the traceback)."""
-    # The learner process decides when to stop: a Ctrl-C or a scheduler's SIGTERM sent to
-    # the whole process group must not kill actors under a learner that is checkpointing
-    # (they still end when told, when the parent is gone, or by SIGKILL at shutdown).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     torch.set_num_threads(1)
     envs: list[VectorEnv] = []
-
-    def stopped() -> bool:
-        return stop.is_set() or os.getppid() != parent_pid
+    stopped = stop_requested(stop, parent_pid)
 
     try:
         for channel, seed in zip(channel_ids, seeds, strict=True):

@@ -32,6 +32,7 @@ from torch import nn
 
 from distrl import checkpoint, distributed, ops, remote
 from distrl.actor import Actor, ActorStats, ActorStopped, EnvGroup, Policy, UnrollSink
+from distrl.child_process import ignore_stop_signals, stop_requested
 from distrl.config import (
     CheckpointConfig,
     ConfigError,
@@ -330,20 +331,13 @@ def _actor_process(
     parent_pid: int,
 ) -> None:
     """Entry point of one actor process: act until told to stop or the parent is gone."""
-    # The learner process decides when to stop: a Ctrl-C or a scheduler's SIGTERM sent to
-    # the whole process group must not kill actors under a learner that is checkpointing
-    # (they still end when told, when the parent is gone, or by SIGKILL at shutdown).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()
     torch.set_num_threads(threads)
     actor = None
     try:  # everything that can fail reports its traceback to the learner
         seed_everything(seed * 1_000_003 + actor_id + 1)
         stats = ActorStats()
-
-        def should_stop() -> bool:
-            return stop.is_set() or os.getppid() != parent_pid
-
+        should_stop = stop_requested(stop, parent_pid)
         actor = build(actor_id, stats, should_stop)
         last_report = time.monotonic()
         while not should_stop():

@@ -35,11 +35,13 @@ LAYERS: dict[str, int] = {
     "distributed": 1,
     "logging": 1,
     "exploration": 1,
+    "child_process": 1,
     "actor": 2,
     "env_workers": 2,
     "inference": 2,
     "learner": 2,
     "remote": 2,
+    "evaluation": 2,
     "runner": 3,
     "replay_runner": 3,
     "seed_runner": 3,
@@ -57,6 +59,7 @@ SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
     ("inference", "actor"),  # channels are env groups with unroll sinks, as on actors
     ("inference", "env_workers"),  # the server restarts the workers it serves
     ("remote", "actor"),  # actor-only ranks send their actors' episode counters
+    ("evaluation", "actor"),  # plays the final policy through an actor's env group
 ]
 
 
