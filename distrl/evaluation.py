@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,12 +114,12 @@ def describe(evaluation: Evaluation, epsilon: float | None) -> str:
             f"{max(returns):.1f})")
 
 
-def evaluate_final_policy(cfg: EvalConfig, env: EnvConfig, seed: int, policy: Policy,
-                          logger: MetricLogger, frames: int, epsilon: float | None
-                          ) -> dict[str, Any]:
-    """Play ``cfg.episodes`` evaluation episodes, log them under ``eval/`` at ``frames``
-    and print one line; returns the run summary's ``eval_return`` and ``eval_returns``
-    (nothing when ``cfg.episodes`` is 0).
+def evaluate_final_policy(cfg: EvalConfig, env: EnvConfig, seed: int,
+                          make_policy: Callable[[], Policy], logger: MetricLogger, frames: int,
+                          epsilon: float | None) -> dict[str, Any]:
+    """Play ``cfg.episodes`` evaluation episodes with ``make_policy()``, log them under
+    ``eval/`` at ``frames`` and print one line; returns the run summary's ``eval_return``
+    and ``eval_returns`` (nothing, and no policy built, when ``cfg.episodes`` is 0).
 
     The envs are seeded apart from every training env, and play whole games: a run that
     trained with ``env.episodic_life`` is scored per game, as the papers score it.
@@ -130,7 +131,7 @@ def evaluate_final_policy(cfg: EvalConfig, env: EnvConfig, seed: int, policy: Po
     with make_envs(env, cfg.episodes, seed + EVAL_SEED_OFFSET) as envs:
         # no episode may outlast env.max_episode_frames; without a time limit it is an error
         max_steps = env.max_episode_frames // envs.frames_per_step + 1
-        evaluation = evaluate_policy(policy, envs, max_steps=max_steps)
+        evaluation = evaluate_policy(make_policy(), envs, max_steps=max_steps)
     logger.add_many(evaluation.metrics())
     logger.report(frames, {"eval/return_mean": evaluation.mean_return})
     print(describe(evaluation, epsilon), flush=True)

@@ -804,12 +804,11 @@ def _train_replay_agent(
                     break
         final = final_checkpoint(settings, resumed, learner.updates, save_checkpoint,
                                  announce=main)
-        epsilon = settings.evaluation.epsilon
-        evaluation = (evaluate_final_policy(
+        episodes, epsilon = settings.evaluation.episodes, settings.evaluation.epsilon
+        evaluation = evaluate_final_policy(
             settings.evaluation, settings.env, settings.seed,
-            parts.make_policy(frozen_cpu_copy(model),
-                              torch.full((settings.evaluation.episodes,), epsilon)),
-            logger, total_frames, epsilon) if main and settings.evaluation.episodes else {})
+            lambda: parts.make_policy(frozen_cpu_copy(model), torch.full((episodes,), epsilon)),
+            logger, total_frames, epsilon) if main else {}
         return {
             **evaluation,
             "frames": total_frames, "updates": learner.updates,

@@ -779,10 +779,10 @@ def _train_unroll_agent(
                     break
         final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
                  if main else "")  # rank 0 writes the model and optimizer
-        evaluation = (evaluate_final_policy(
+        evaluation = evaluate_final_policy(
             settings.evaluation, settings.env, settings.seed,
-            parts.make_policy(frozen_cpu_copy(model)), logger, counters["frames"], epsilon=None)
-            if main and settings.evaluation.episodes else {})
+            lambda: parts.make_policy(frozen_cpu_copy(model)), logger, counters["frames"],
+            epsilon=None) if main else {}
         return {
             **evaluation,
             "frames": counters["frames"], "updates": learner.updates,
