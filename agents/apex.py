@@ -204,7 +204,7 @@ def initial_priorities(model: nn.Module, batch: SampleBatch) -> torch.Tensor:
 
 def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
     """The pieces the replay runner wires together for Ape-X; ``kernel`` picks the sum tree."""
-    from distrl.replay_runner import ReplayAgentParts, ReplayConfig
+    from distrl.agent_parts import ReplayAgentParts, ReplayConfig
 
     return ReplayAgentParts(
         name="apex",
@@ -235,7 +235,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
     from distrl.replay_runner import train_replay_agent
-    from distrl.runner import RunSettings
+    from distrl.run_settings import RunSettings
 
     settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,

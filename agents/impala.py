@@ -175,7 +175,7 @@ def loss_fn(
 
 def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
     """The pieces the runner wires together for IMPALA; ``kernel`` picks the V-trace path."""
-    from distrl.runner import UnrollAgentParts
+    from distrl.agent_parts import UnrollAgentParts
 
     return UnrollAgentParts(
         name="impala",
@@ -198,7 +198,8 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
 
 def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     """Train IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is ImpalaConfig."""
-    from distrl.runner import RunSettings, train_unroll_agent
+    from distrl.run_settings import RunSettings
+    from distrl.unroll_runner import train_unroll_agent
 
     settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
     return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

@@ -307,7 +307,7 @@ def unclipped(rewards: torch.Tensor) -> torch.Tensor:
 
 def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
     """The pieces the replay runner wires together for R2D2; ``kernel`` picks the sum tree."""
-    from distrl.replay_runner import ReplayAgentParts, ReplayConfig
+    from distrl.agent_parts import ReplayAgentParts, ReplayConfig
 
     sequence = {"burn_in": cfg.burn_in, "trace_length": cfg.trace_length, "n_step": cfg.n_step,
                 "discount": cfg.discount, "rescale_epsilon": cfg.rescale_epsilon,
@@ -341,7 +341,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     """Train R2D2 with a :class:`distrl.config.RunConfig` whose ``agent`` is R2D2Config;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
     from distrl.replay_runner import train_replay_agent
-    from distrl.runner import RunSettings
+    from distrl.run_settings import RunSettings
 
     settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,

@@ -68,21 +68,21 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     called after each update of a replay learner (benchmarks time it)."""
     import functools
 
-    from distrl.runner import RunSettings
+    from distrl.run_settings import RunSettings
 
     agent: SeedConfig = cfg.agent
     settings = RunSettings.from_config(cfg, LEARNER_AGENTS[agent.learner].TERMINAL_ON_LIFE_LOSS)
     inference = dict(inference=_inference_settings(agent))
     if agent.learner == "r2d2":
         from distrl.replay_runner import train_replay_agent
-        from distrl.seed_runner import SeedReplaySource
+        from distrl.seed_sources import SeedReplaySource
 
         parts = r2d2.parts(agent.r2d2, cfg.kernel)
         parts.name, parts.device = "seed", agent.device  # inference and training share it
         return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
                                   source=functools.partial(SeedReplaySource, **inference))
-    from distrl.runner import train_unroll_agent
-    from distrl.seed_runner import SeedSource
+    from distrl.seed_sources import SeedSource
+    from distrl.unroll_runner import train_unroll_agent
 
     parts = impala.parts(agent.impala, cfg.kernel)
     parts.name, parts.device = "seed", agent.device  # inference and training share it
@@ -91,7 +91,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
 
 
 def _inference_settings(agent: SeedConfig) -> Any:
-    from distrl.seed_runner import InferenceSettings
+    from distrl.seed_sources import InferenceSettings
 
     return InferenceSettings(
         max_batch=agent.max_inference_batch, batch_timeout_s=agent.inference_timeout_ms / 1e3,

@@ -60,7 +60,7 @@ from suite import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SIGNALLED = "[distrl] received signal"  # distrl.runner.StopFlag's line: it checkpointed, exited 0
+SIGNALLED = "[distrl] received signal"  # distrl.loop.StopFlag's line: it checkpointed, exited 0
 EVAL_LINE = re.compile(r"\[distrl\] eval: (\d+) episodes .*?: return mean (-?[\d.]+)")
 CURVE_INTERVALS = 20  # the summary's training returns per 1/20 of the frame budget
 

@@ -17,7 +17,6 @@ server infers for one group while the other steps.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections.abc import Sequence
@@ -26,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl.child_process import ignore_stop_signals, stop_requested
 from distrl.config import EnvConfig
 from distrl.envs import VectorEnv, env_seed, make_envs
+from distrl.supervisor import ChildProcesses, ignore_stop_signals, stop_requested
 from distrl.types import EnvStep
 
 NO_REQUEST, STEP, FIRST = 0, 1, 2  # values of Channels.ready
@@ -174,7 +173,8 @@ def _env_worker(
 
 
 class EnvWorkers:
-    """The env worker processes of a SEED run; they end with the run, also when it fails.
+    """The env worker processes of a SEED run, under a :class:`ChildProcesses` supervisor:
+    they end with the run, also when it fails.
 
     Worker ``w`` owns channels ``w * G .. w * G + G - 1``. :meth:`restart` kills a worker
     (if still running) and starts a fresh one with the next generation's seed.
@@ -192,13 +192,20 @@ class EnvWorkers:
                  env_threads: int, seed: int, channels: Channels):
         if channels.num_channels != count * groups:
             raise ValueError(f"need {count * groups} channels, got {channels.num_channels}")
-        self.ctx, self.count, self.groups = ctx, count, groups
+        self.count, self.groups = count, groups
         self.env_cfg, self.env_threads, self.seed = env_cfg, env_threads, seed
         self.channels = channels
-        self.stop_event = ctx.Event()
         self.generations = [0] * count
         self.started_at = [0.0] * count
-        self.processes: list[Any] = [None] * count
+        self.children = ChildProcesses(ctx, count, "distrl-env-worker", _env_worker,
+                                       self._args_for)
+
+    def _args_for(self, worker: int) -> tuple[Any, ...]:
+        self.started_at[worker] = time.monotonic()
+        seeds = worker_seeds(self.seed, worker, self.groups, self.channels.envs,
+                             self.generations[worker])
+        return (worker, self.channels_of(worker), self.env_cfg, self.env_threads, seeds,
+                self.channels)
 
     def channels_of(self, worker: int) -> list[int]:
         return list(range(worker * self.groups, (worker + 1) * self.groups))
@@ -206,52 +213,30 @@ class EnvWorkers:
     def worker_of(self, channel: int) -> int:
         return channel // self.groups
 
-    def _start(self, worker: int) -> None:
-        seeds = worker_seeds(self.seed, worker, self.groups, self.channels.envs,
-                             self.generations[worker])
-        process = self.ctx.Process(
-            target=_env_worker, name=f"distrl-env-worker-{worker}", daemon=True,
-            args=(worker, self.channels_of(worker), self.env_cfg, self.env_threads, seeds,
-                  self.channels, self.stop_event, os.getpid()))
-        process.start()
-        self.processes[worker] = process
-        self.started_at[worker] = time.monotonic()
-
     def __enter__(self) -> EnvWorkers:
-        for worker in range(self.count):
-            self._start(worker)
+        self.children.__enter__()
         return self
 
     def dead(self) -> list[int]:
         """Workers whose process has exited."""
-        return [w for w, p in enumerate(self.processes) if p is not None and not p.is_alive()]
+        return self.children.dead()
 
     def exitcode(self, worker: int) -> int | None:
-        return self.processes[worker].exitcode
+        return self.children.exitcode(worker)
 
     def restart(self, worker: int) -> None:
         """Kill ``worker`` if it still runs, clear its channels and start its next generation."""
-        process = self.processes[worker]
-        if process.is_alive():
-            process.kill()
-        process.join(timeout=10)
+        self.children.kill(worker)
         for channel in self.channels_of(worker):
             self.channels.clear(channel)
         self.generations[worker] += 1
-        self._start(worker)
+        self.children.start(worker)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        return self.children.pids()
 
     def __exit__(self, *exc: Any) -> None:
-        self.stop_event.set()
-        for p in self.processes:
-            if p is not None and p.pid is not None:
-                p.join(timeout=10)
-        for p in self.processes:
-            if p is not None and p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        self.children.__exit__(*exc)
 
 
 class LocalChannels:

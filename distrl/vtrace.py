@@ -70,6 +70,26 @@ def _discounted_scan(deltas: torch.Tensor, coefs: torch.Tensor) -> torch.Tensor:
     return acc
 
 
+def _check_inputs(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
+                  values: torch.Tensor, bootstrap_value: torch.Tensor, lambda_: float,
+                  **thresholds: float | None) -> None:
+    """Raise ValueError naming the argument whose shape, dtype or value is wrong."""
+    if log_rhos.dim() != 2:
+        raise ValueError(f"log_rhos must have shape [T, B], got {tuple(log_rhos.shape)}")
+    if not log_rhos.is_floating_point():
+        raise ValueError(f"log_rhos must have a floating dtype, got {log_rhos.dtype}")
+    seq_len, batch = log_rhos.shape
+    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
+        _check_shape(name, tensor, (seq_len, batch), "[T, B]")
+        _check_float(name, tensor, log_rhos.dtype)
+    _check_shape("bootstrap_value", bootstrap_value, (batch,), "[B]")
+    _check_float("bootstrap_value", bootstrap_value, log_rhos.dtype)
+    for name, threshold in thresholds.items():
+        _check_threshold(name, threshold)
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+
+
 def from_importance_weights(
     log_rhos: torch.Tensor,
     discounts: torch.Tensor,
@@ -118,22 +138,9 @@ def from_importance_weights(
       ValueError: a shape or dtype does not match, or a threshold is not positive.
       distrl.ops.KernelError: ``kernel="compiled"`` and the op is not built for the device.
     """
-    if log_rhos.dim() != 2:
-        raise ValueError(f"log_rhos must have shape [T, B], got {tuple(log_rhos.shape)}")
-    if not log_rhos.is_floating_point():
-        raise ValueError(f"log_rhos must have a floating dtype, got {log_rhos.dtype}")
-    seq_len, batch = log_rhos.shape
-    for name, tensor in (("discounts", discounts), ("rewards", rewards), ("values", values)):
-        _check_shape(name, tensor, (seq_len, batch), "[T, B]")
-        _check_float(name, tensor, log_rhos.dtype)
-    _check_shape("bootstrap_value", bootstrap_value, (batch,), "[B]")
-    _check_float("bootstrap_value", bootstrap_value, log_rhos.dtype)
-    _check_threshold("clip_rho_threshold", clip_rho_threshold)
-    _check_threshold("clip_c_threshold", clip_c_threshold)
-    _check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
-    if not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
-
+    _check_inputs(log_rhos, discounts, rewards, values, bootstrap_value, lambda_,
+                  clip_rho_threshold=clip_rho_threshold, clip_c_threshold=clip_c_threshold,
+                  clip_pg_rho_threshold=clip_pg_rho_threshold)
     with torch.no_grad():
         if ops.use_compiled(kernel, "vtrace", log_rhos.device):
             vs, pg_advantages = ops.vtrace(

@@ -178,7 +178,7 @@ def test_every_agent_trains_on_the_gpu(tmp_path, run, actors):
 
 
 def test_auto_learner_threads_split_the_cores_only_for_atari_sized_images(monkeypatch):
-    from distrl.runner import learner_thread_count
+    from distrl.learner_rank import learner_thread_count
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

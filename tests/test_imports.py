@@ -1,10 +1,11 @@
-"""The import rules of ARCHITECTURE.md ("Layout and who may import whom"), read with ``ast``.
+"""The import rules of docs/architecture.md (its Layers table), checked with ``ast``.
 
 A distrl module may import distrl modules of strictly lower layers, plus the same-layer
 pairs in ``SAME_LAYER_ALLOWED``; distrl never imports ``agents`` (or ``run``); agents
 import distrl only, never each other (the registry in agents/__init__.py goes by name
 through importlib, whose strings are not imports). A new distrl module must be added to
-``LAYERS`` before this test passes.
+docs/architecture.md's layer table before this test passes, and a row naming a module
+that does not exist fails it too, so the map cannot go stale silently.
 """
 
 from __future__ import annotations
@@ -17,53 +18,35 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Module names are relative to distrl/; "__init__" is distrl/__init__.py itself.
-LAYERS: dict[str, int] = {
-    "__init__": 0,
-    "types": 0,
-    "config": 0,
-    "ops": 0,
-    "checkpoint": 0,
-    "vtrace": 1,
-    "optimizers": 1,
-    "losses": 1,
-    "models": 1,
-    "envs": 1,
-    "minatar_envs": 1,
-    "replay": 1,
-    "replay.*": 1,
-    "queues": 1,
-    "weights": 1,
-    "distributed": 1,
-    "logging": 1,
-    "exploration": 1,
-    "child_process": 1,
-    "actor": 2,
-    "env_workers": 2,
-    "inference": 2,
-    "learner": 2,
-    "remote": 2,
-    "evaluation": 2,
-    "runner": 3,
-    "replay_runner": 3,
-    "seed_runner": 3,
-}
+MAP = ROOT / "docs" / "architecture.md"
 
-# (importer pattern, imported pattern): same-layer imports ARCHITECTURE.md's brackets allow.
-SAME_LAYER_ALLOWED: list[tuple[str, str]] = [
-    ("losses", "vtrace"),
-    ("envs", "minatar_envs"),  # make_envs builds MinAtar's games behind a VectorEnv
-    ("replay.*", "replay"),
-    ("replay.*", "replay.*"),
-    ("replay", "replay.*"),
-    ("replay_runner", "runner"),  # shares the run directory, signals and actor processes
-    ("seed_runner", "runner"),  # a SEED source for the unroll runner's training loop
-    ("seed_runner", "replay_runner"),  # and one for the replay runner's
-    ("inference", "actor"),  # channels are env groups with unroll sinks, as on actors
-    ("inference", "env_workers"),  # the server restarts the workers it serves
-    ("remote", "actor"),  # actor-only ranks send their actors' episode counters
-    ("evaluation", "actor"),  # plays the final policy through an actor's env group
-]
+
+def markdown_table(text: str, heading: str) -> list[list[str]]:
+    """The rows (cells without backticks) of the first table under ``## heading``."""
+    section = text.split(f"\n## {heading}\n", 1)
+    if len(section) < 2:
+        raise AssertionError(f"docs/architecture.md has no '## {heading}' section")
+    rows = []
+    for line in section[1].split("\n## ", 1)[0].splitlines():
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+        if not set(cells[0]) <= set("-: "):  # the separator row
+            rows.append(cells)
+    return rows[1:]  # without the header
+
+
+def read_map(text: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The layer table (module -> layer) and the same-layer allowances of the map."""
+    layers = {row[0]: int(row[1]) for row in markdown_table(text, "Layers")}
+    allowed = [(row[0], row[1]) for row in markdown_table(text, "Same-layer imports")]
+    return layers, allowed
+
+
+# Module names are relative to distrl/; "__init__" is distrl/__init__.py itself.
+LAYERS, SAME_LAYER_ALLOWED = read_map(MAP.read_text())
 
 
 def matches(module: str, pattern: str) -> bool:
@@ -133,7 +116,7 @@ def distrl_violations(module: str, source: str, package_dir: Path) -> list[str]:
     """Why ``source`` (distrl module ``module``) breaks the layer table; empty if it does not."""
     layer = layer_of(module)
     if layer is None:
-        return [f"distrl.{module} is not in LAYERS: give it a layer (see ARCHITECTURE.md)"]
+        return [f"distrl.{module} is not in LAYERS: give it a row in docs/architecture.md"]
     tree = ast.parse(source)
     is_package = module == "__init__" or (package_dir / module.replace(".", "/")).is_dir()
     absolute = "distrl" if module == "__init__" else f"distrl.{module}"
@@ -192,7 +175,7 @@ AGENT_FILES = sorted(AGENTS_DIR.rglob("*.py"))
 
 def test_the_tree_is_where_the_test_looks() -> None:
     names = {module_name(p, DISTRL_DIR) for p in DISTRL_FILES}
-    assert {"__init__", "types", "actor", "learner", "runner"} <= names
+    assert {"__init__", "types", "actor", "learner", "loop"} <= names
     assert "impala" in {module_name(p, AGENTS_DIR) for p in AGENT_FILES}
 
 
@@ -222,10 +205,10 @@ def test_agent_imports_distrl_only(path: Path) -> None:
                                                           "distrl.config (layer 0)"]),
         ("queues", "def f():\n    from distrl.actor import Actor",
          ["distrl.queues:2 (layer 1) imports distrl.actor (layer 2)"]),
-        ("learner", "from . import runner", ["distrl.learner:1 (layer 2) imports "
-                                             "distrl.runner (layer 3)"]),
+        ("learner", "from . import loop", ["distrl.learner:1 (layer 2) imports "
+                                           "distrl.loop (layer 4)"]),
         ("learner", "from .weights import WeightStore", []),
-        ("runner", "import agents.impala", ["distrl.runner:1 imports agents.impala"]),
+        ("loop", "import agents.impala", ["distrl.loop:1 imports agents.impala"]),
         ("config", "from distrl import __version__",
          ["distrl.config:1 (layer 0) imports distrl.__init__ (layer 0)"]),
         ("newmodule", "", ["distrl.newmodule is not in LAYERS"]),
@@ -255,7 +238,7 @@ def test_the_same_layer_allowances() -> None:
 @pytest.mark.parametrize(
     "module, source, expected",
     [
-        ("impala", "from distrl.runner import train_unroll_agent\nimport torch", 0),
+        ("impala", "from distrl.unroll_runner import train_unroll_agent\nimport torch", 0),
         ("apex", "from agents.impala import loss_fn", 1),
         ("apex", "from . import impala", 1),
         ("apex", "from .impala import loss_fn", 1),
@@ -266,3 +249,23 @@ def test_the_same_layer_allowances() -> None:
 )
 def test_the_agent_checker_flags_what_it_should(module: str, source: str, expected: int):
     assert len(agent_violations(module, source)) == expected
+
+
+def test_every_row_of_the_map_names_a_module_that_exists() -> None:
+    on_disk = {module_name(p, DISTRL_DIR) for p in DISTRL_FILES}
+    stale = [m for m in LAYERS if not any(matches(name, m) for name in on_disk)]
+    assert stale == [], f"docs/architecture.md names modules that do not exist: {stale}"
+    for importer, imported in SAME_LAYER_ALLOWED:
+        assert layer_of(importer) == layer_of(imported) is not None, (importer, imported)
+
+
+def test_the_map_reader_reads_tables_and_refuses_a_missing_section() -> None:
+    text = ("# map\n\n## Layers\n\nintro\n\n| module | layer | job |\n|---|---|---|\n"
+            "| `types` | 0 | records |\n| `actor` | 2 | acting |\n\nafter\n\n"
+            "## Same-layer imports\n\n| importer | imported | why |\n|--|--|--|\n"
+            "| `inference` | `actor` | channels |\n")
+    assert read_map(text) == ({"types": 0, "actor": 2}, [("inference", "actor")])
+    with pytest.raises(AssertionError, match="no '## Same-layer imports' section"):
+        read_map(text.split("## Same-layer")[0])
+    layers = dict(LAYERS)
+    assert layers["loop"] > layers["learner"] and layers["unroll_runner"] > layers["loop"]

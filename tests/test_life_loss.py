@@ -352,7 +352,7 @@ def test_each_agent_takes_its_papers_life_loss_choice_unless_the_user_sets_one()
     import agents
     from agents.impala import ImpalaConfig
     from distrl.config import RunConfig
-    from distrl.runner import RunSettings
+    from distrl.run_settings import RunSettings
 
     assert {name: agents.get(name).TERMINAL_ON_LIFE_LOSS
             for name in ("impala", "apex", "r2d2")} == {"impala": True, "apex": True,

@@ -23,7 +23,7 @@ from distrl.config import (
 )
 from distrl.envs import MinAtarEnvs, is_atari, make_envs
 from distrl.minatar_envs import is_minatar, minatar_game
-from distrl.models import MinAtarCNN
+from distrl.torsos import MinAtarCNN
 
 # Channels of each game's [10, 10, C] grid in minatar 1.0.15 (its environments/*.py).
 CHANNELS = {"Asterix": 4, "Breakout": 4, "Freeway": 7, "Seaquest": 10, "SpaceInvaders": 6}

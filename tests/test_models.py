@@ -10,19 +10,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl import config, models
+from distrl import config, torsos
 from distrl.models import (
     ActorCriticNet,
     DuelingHead,
     DuelingQNet,
-    ImpalaResNet,
     LSTMCore,
-    MinAtarCNN,
-    NatureCNN,
     RecurrentDuelingQNet,
-    ShallowCNN,
-    make_torso,
 )
+from distrl.torsos import ImpalaResNet, MinAtarCNN, NatureCNN, ShallowCNN, make_torso
 
 T, B, A = 3, 2, 5
 IMAGE_SHAPE = (4, 84, 84)
@@ -488,12 +484,12 @@ def test_minatar_cnn_does_not_scale_its_0_1_input() -> None:
 
 
 def test_minatar_torso_is_known_to_the_config() -> None:
-    assert config.TORSOS == models.TORSOS
+    assert config.TORSOS == torsos.TORSOS
     assert config.ModelConfig(torso="minatar").torso == "minatar"
 
 
 def test_auto_picks_minatar_for_10x10_images_in_every_network() -> None:
-    for image_torso in models.IMAGE_TORSOS:
+    for image_torso in torsos.IMAGE_TORSOS:
         torso, width = make_torso("auto", MINATAR_SHAPE, image_torso=image_torso)
         assert isinstance(torso, MinAtarCNN) and width == 128
     # Only 10x10: other small images keep image_torso (the ResNet takes any size).

@@ -20,7 +20,8 @@ from distrl.replay.formats import NStepFormat
 from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
-from distrl.replay_runner import BatchSlots, Prefetcher, rank_epsilons
+from distrl.replay_learner import Prefetcher
+from distrl.replay_sources import BatchSlots, rank_epsilons
 
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 

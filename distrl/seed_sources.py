@@ -1,9 +1,9 @@
-"""SEED RL's topology as an experience source for the unroll and replay runners: env
+"""SEED RL's topology as experience sources for the unroll and replay runners: env
 workers step environments, the inference server in this process acts for all of them
 and builds the experience, and the learner trains on it (Espeholt et al. 2020, Fig. 1).
 
 - :class:`SeedSource` (SEED-IMPALA): the server's channels fill unroll slots that the
-  V-trace learner takes (:func:`distrl.runner.train_unroll_agent`).
+  V-trace learner takes (:func:`distrl.unroll_runner.train_unroll_agent`).
 - :class:`SeedReplaySource` (SEED-R2D2): the server's channels write sequences, the
   server gives them their initial priorities with the inference model, and the learner
   thread inserts them into its prioritized replay
@@ -27,14 +27,15 @@ from typing import Any
 import torch
 
 from distrl.actor import ActorStats, ActorStopped, EnvGroup, Sink, TransitionSink, UnrollSink
+from distrl.agent_parts import ReplayBatch
 from distrl.config import DistributedConfig, EnvConfig
 from distrl.env_workers import Channels, EnvWorkers, LocalChannels
 from distrl.envs import env_seed, make_envs
 from distrl.inference import InferenceServer, InferenceStats, InferenceWeights, ServerThread
 from distrl.learner import to_device
 from distrl.logging import MetricLogger
-from distrl.replay_runner import ReplayBatch, ReplaySourceContext
-from distrl.runner import SourceContext, wait_for_slots
+from distrl.replay_sources import ReplaySourceContext
+from distrl.unroll_sources import UnrollSourceContext, wait_for_slots
 
 
 @dataclass
@@ -166,7 +167,7 @@ class _ServerSource:
 class SeedSource(_ServerSource):
     """Unrolls built by SEED's inference server, for the V-trace learner (SEED-IMPALA)."""
 
-    def __init__(self, ctx: SourceContext, inference: InferenceSettings):
+    def __init__(self, ctx: UnrollSourceContext, inference: InferenceSettings):
         super().__init__(inference, ctx.parts.make_model, ctx.model, ctx.obs_shape,
                          ctx.num_actions)
         self.ctx = ctx

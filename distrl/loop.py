@@ -1,0 +1,177 @@
+"""The training loop every agent runs, written once:
+batch -> learner step -> publish -> agree across ranks -> log -> checkpoint -> stop.
+
+What differs between agent families is only where a learner batch comes from, so a
+:class:`Feed` hides it: IMPALA's takes B unrolls from the slots its actors (or SEED's
+server, or actor-only ranks) fill (:class:`distrl.unroll_runner.UnrollFeed`); Ape-X's
+and R2D2's insert what arrived into their prioritized replay and sample from it, and
+are told each update's new priorities (:class:`distrl.replay_learner.ReplayFeed`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from distrl import distributed
+from distrl.actor import ActorStats
+from distrl.learner import Learner
+from distrl.logging import MetricLogger
+from distrl.run_settings import RunSettings
+
+
+class Feed(Protocol):
+    """Where a learner rank's batches come from, and its share of the frame budget."""
+
+    def next_batch(self, stop_requested: Callable[[], bool]
+                   ) -> tuple[Any, dict[str, float]] | None:
+        """The next batch and the figures of waiting for it, or None when this rank has
+        nothing more to learn from (its budget is spent, or a stop came first)."""
+
+    def after_update(self, batch: Any, priorities: torch.Tensor | None) -> None:
+        """Book the update: frames learned, new priorities, the replay's credit."""
+
+    def collect(self) -> None:
+        """Log the actors' episodes and counters and the source's own figures."""
+
+    def rank_frames(self) -> int:
+        """This rank's frames so far; the ranks' sum is the run's."""
+
+    def budget_spent(self) -> bool:
+        """Whether this rank's share of ``total_frames`` is used up."""
+
+    def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
+        """At each report: scalars to log, and figures for the printed line."""
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: the caller stops us instead
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C means now
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"[distrl] received signal {signum}: checkpointing and stopping", flush=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def recent_mean_20(logger: MetricLogger) -> float:
+    """Mean raw return of the last 20 episodes, NaN before 20 have finished."""
+    return logger.mean_recent_return(20) if len(logger.recent_returns) >= 20 else float("nan")
+
+
+def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> None:
+    """Write an actor's finished episodes at ``frames`` and accumulate its timings."""
+    for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
+        logger.episode(ret, length, frames)
+    logger.add("actor/frames", stats.frames)
+    logger.add("actor/env_wait_s", stats.env_wait_s)
+    logger.add("actor/policy_s", stats.policy_s)
+    logger.add("actor/slot_wait_s", stats.sink_wait_s)  # waiting for a free slot
+
+
+def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,
+                  ranks: distributed.RankInfo | None, logger: MetricLogger) -> None:
+    """Every ``distributed.resync_interval`` updates, rank 0's weights replace every
+    learner's; the drift each rank had is logged as ``learner/resync_drift``."""
+    interval = settings.distributed.resync_interval
+    if ranks is not None and interval > 0 and updates % interval == 0:
+        logger.add("learner/resync_drift", distributed.resync_parameters(model, ranks))
+
+
+def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSettings,
+          ranks: distributed.RankInfo | None, counters: dict[str, Any],
+          save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> int:
+    """Train until the frame budget is spent or a stop is asked (SIGINT/SIGTERM,
+    ``should_stop(updates)``, ``stop_at_return``); returns the frames of all ranks.
+
+    Under torchrun every rank runs this loop with its own feed; two small all-reduces per
+    update keep them in step: one before the update (every rank updates or none does: a
+    rank alone in the gradient all-reduce would wait for the others until the collective
+    timeout) and one after it (they stop together, checkpoint at the same update and see
+    the same frames and mean return). ``counters["elapsed_s"]`` is kept current for the
+    checkpoint; ``save_checkpoint(frames of all ranks)`` runs on every rank when rank 0's
+    ``checkpoint.interval_s`` has passed; ``progress(updates, frames)`` after each update.
+    """
+    run_start = time.monotonic() - counters["elapsed_s"]
+    last_checkpoint = time.monotonic()
+    world = ranks.learners if ranks is not None else 1
+    frames = feed.rank_frames() * world
+    last_report = (frames, learner.updates, time.monotonic())
+    with StopFlag() as signals:
+        while True:
+            fetched = feed.next_batch(lambda: signals.requested)
+            before = distributed.agree(fetched is None, False, feed.rank_frames(),
+                                       float("nan"), ranks)
+            if before.stop:
+                frames = before.frames
+                break
+            assert fetched is not None
+            batch, waits = fetched
+            metrics, priorities = learner.step(batch)
+            resync_if_due(learner.model, learner.updates, settings, ranks, logger)
+            feed.after_update(batch, priorities)
+            counters["elapsed_s"] = time.monotonic() - run_start
+            logger.add_many(metrics)
+            logger.add_many(waits)
+            feed.collect()
+            agreement = distributed.agree(
+                signals.requested or feed.budget_spent()
+                or (should_stop is not None and should_stop(learner.updates)),
+                time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
+                feed.rank_frames(), recent_mean_20(logger), ranks)
+            frames = agreement.frames
+            if progress is not None:
+                progress(learner.updates, frames)
+            target = settings.stop_at_return
+            stop_now = agreement.stop or (target is not None
+                                          and agreement.mean_return_20 >= target)
+            if logger.due() or stop_now:
+                last_report = _report(logger, feed, learner, frames, last_report,
+                                      agreement.mean_return_20, ranks)
+            if agreement.checkpoint:
+                save_checkpoint(frames)
+                last_checkpoint = time.monotonic()
+            if stop_now:
+                break
+    return frames
+
+
+def _report(logger: MetricLogger, feed: Feed, learner: Learner, frames: int,
+            last: tuple[int, int, float], mean_20_all_ranks: float,
+            ranks: distributed.RankInfo | None) -> tuple[int, int, float]:
+    """Write the report line and its scalars; the new (frames, updates, time) mark."""
+    now = time.monotonic()
+    span = max(now - last[2], 1e-9)
+    scalars, headline = feed.report(span)
+    logger.add_many(scalars)
+    logger.report(frames, {
+        "perf/fps": (frames - last[0]) / span,  # all ranks
+        "perf/updates_per_s": (learner.updates - last[1]) / span,  # per rank
+        "learner/updates": learner.updates,
+        **headline,
+        "episode/mean_return_20": logger.mean_recent_return(20),
+        **({"episode/mean_return_20_all_ranks": mean_20_all_ranks} if ranks else {}),
+    })
+    return frames, learner.updates, now

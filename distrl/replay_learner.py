@@ -1,0 +1,227 @@
+"""The learner's side of the prioritized replay: building it, drawing the next batch in a
+thread while the current update runs (so the learner does not wait on the replay),
+loading a rank's replay from its checkpoint shard, and :class:`ReplayFeed`, the batches a
+replay learner's training loop (:func:`distrl.loop.train`) takes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Optional
+
+import torch
+
+from distrl import checkpoint, loop, remote
+from distrl.agent_parts import ReplayAgentParts, ReplayBatch
+from distrl.learner import pin_for
+from distrl.logging import MetricLogger
+from distrl.replay.buffer import ReplayBuffer
+from distrl.replay.samplers import PrioritizedSampler
+from distrl.replay_sources import ReplayTopology
+from distrl.types import SampleBatch, SequenceSample
+
+
+class Prefetcher:
+    """Draws the next batch in a thread while the learner trains on the current one.
+
+    The replay is only changed (inserts, priority write-backs) after :meth:`settle`, which
+    waits for the draw in flight; so draw ``t + 1`` always sees the replay as it was after
+    update ``t - 1``'s write-back, the same in every run, whatever the thread timing.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, batch_size: int, generator: torch.Generator,
+                 device: torch.device | None = None):
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.generator = generator
+        self.device = device or torch.device("cpu")  # a GPU learner's batches are pinned
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="distrl-replay-prefetch")
+        self._pending: Future | None = None
+        self.ready: SampleBatch | SequenceSample | None = None  # drawn, not yet trained on
+
+    def _draw(self) -> SampleBatch | SequenceSample:
+        # Pinned here, in the thread, so the learner's copy to its GPU is asynchronous.
+        return pin_for(self.buffer.sample(self.batch_size, self.generator), self.device)
+
+    def next(self) -> tuple[SampleBatch | SequenceSample, float]:
+        """The batch to train on now (and start drawing the following one)."""
+        start = time.perf_counter()
+        self.settle()
+        if self.ready is None:
+            self.ready = self._draw()
+        batch, self.ready = self.ready, None
+        waited = time.perf_counter() - start
+        self._pending = self._executor.submit(self._draw)
+        return batch, waited
+
+    def settle(self) -> None:
+        """Wait for the draw in flight; afterwards the replay may be changed."""
+        if self._pending is not None:
+            self.ready = self._pending.result()
+            self._pending = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.settle()
+        self._executor.shutdown(wait=True)
+
+
+def make_replay(parts: ReplayAgentParts, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
+                frame_stack: Optional[int], kernel: str, envs_per_writer: int) -> ReplayBuffer:
+    """The prioritized replay: frames stored once, priorities in the sum tree."""
+    r = parts.replay
+    storage = parts.experience.make_storage(r.capacity, frame_shape, frame_dtype, frame_stack,
+                                            envs_per_writer, parts.actor_buffer)
+    sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
+                                 beta_final=r.beta_final, beta_steps=r.beta_steps,
+                                 epsilon=r.epsilon, kernel=kernel)
+    return ReplayBuffer(storage, sampler)
+
+
+def load_shard_replay(replay: ReplayBuffer, shard: dict[str, Any]) -> None:
+    """Load a rank's replay from its shard, naming the setting to fix on a mismatch."""
+    try:
+        replay.load_state_dict(shard["replay"])
+    except (RuntimeError, KeyError, ValueError) as error:
+        raise checkpoint.CheckpointError(
+            "resume: replay shard does not fit this run (the replay settings must match "
+            f"the checkpoint's config): {error}") from None
+
+
+class ReplayFeed:
+    """A replay learner's batches (:class:`distrl.loop.Feed`): what the source sent is
+    inserted, updates wait for ``learning_starts`` items and, with a replay ratio, for
+    credit (``replay_ratio * inserted / batch_size`` updates); each update's sample was
+    drawn by the :class:`Prefetcher`, and its new priorities are written back.
+    ``counters["frames"]`` counts this rank's frames (``frame_budget`` is its share)."""
+
+    def __init__(self, parts: ReplayAgentParts, replay: ReplayBuffer, prefetcher: Prefetcher,
+                 counters: dict[str, Any], replay_ratio: float, frame_budget: int,
+                 frames_per_step: int, start_timeout_s: float, world: int,
+                 topology: ReplayTopology, envs_per_actor: int):
+        self.parts, self.replay, self.prefetcher = parts, replay, prefetcher
+        self.counters = counters
+        self.replay_ratio = replay_ratio
+        self.frame_budget = frame_budget
+        self.frames_per_step = frames_per_step
+        self.start_timeout_s = start_timeout_s
+        self.world = world
+        self.topology, self.envs_per_actor = topology, envs_per_actor
+        self.experience: Any = None
+        self.logger: MetricLogger | None = None
+        self.remote_actors: remote.RemoteActors | None = None
+        self._loop_start = self._data_wait = 0.0
+        self.replay_wait_s = self.learner_s = 0.0  # since the last report
+        self.total_replay_wait_s = self.total_learner_s = 0.0
+        self._last = (0, 0)  # the replay's inserted and sampled counts at the last report
+
+    def start(self, experience: Any, logger: MetricLogger,
+              remote_actors: remote.RemoteActors | None) -> None:
+        self.experience, self.logger, self.remote_actors = experience, logger, remote_actors
+        self._last = (self.replay.inserted, self.replay.sampled)
+
+    def insert(self, batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        """Into the replay (learner thread only, between draws), with its credit."""
+        self.prefetcher.settle()
+        self.replay.add(batch, priorities)
+        self.counters["frames"] += batch.env_steps * self.frames_per_step
+        if len(self.replay) >= self.parts.replay.learning_starts and self.replay_ratio > 0:
+            self.counters["update_credit"] += self.replay_ratio * batch.size / self.parts.batch_size
+        self.logger.add("replay/inserted_per_batch", batch.size)
+
+    def _can_update(self) -> bool:
+        if len(self.replay) < self.parts.replay.learning_starts or len(self.replay) == 0:
+            return False
+        return self.replay_ratio == 0 or self.counters["update_credit"] >= 1.0
+
+    def _wait_for_data(self, stop_requested: Callable[[], bool]) -> float | None:
+        """Step the local actor or wait for actor batches until an update may run.
+        Returns the seconds waited, or None when the run should end first (a stop was
+        asked, or this rank's frame budget ran out before learning could start)."""
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._can_update():
+            if stop_requested() or self.budget_spent():
+                return None
+            if self.experience.serial:
+                self.experience.step_local()
+                continue
+            if self.experience.receive(timeout=1.0):
+                deadline = time.monotonic() + self.start_timeout_s
+                continue
+            self._collect_actor_stats()
+            self.experience.check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no transitions from the actors within "
+                                   f"distributed.start_timeout_s={self.start_timeout_s}s")
+        return time.perf_counter() - start
+
+    def next_batch(self, stop_requested: Callable[[], bool]
+                   ) -> tuple[SampleBatch | SequenceSample, dict[str, float]] | None:
+        self._loop_start = time.perf_counter()
+        if self.replay_ratio == 0:  # free running: take whatever arrived
+            self.experience.receive(timeout=0.0)
+        data_wait = None if self.budget_spent() else self._wait_for_data(stop_requested)
+        if data_wait is None:
+            return None
+        self._data_wait = data_wait
+        batch, waited = self.prefetcher.next()
+        self.replay_wait_s += waited
+        self.total_replay_wait_s += waited
+        return batch, {"learner/replay_wait_s": waited, "learner/data_wait_s": data_wait}
+
+    def after_update(self, batch: SampleBatch | SequenceSample,
+                     priorities: torch.Tensor | None) -> None:
+        self.prefetcher.settle()
+        self.replay.update_priorities(batch.indices, priorities)
+        if self.replay_ratio > 0:
+            self.counters["update_credit"] -= 1.0
+        busy = time.perf_counter() - self._loop_start - self._data_wait
+        self.learner_s += busy
+        self.total_learner_s += busy
+
+    def _epsilon_range(self, actor_id: int) -> tuple[float, float]:
+        n = self.envs_per_actor
+        mine = self.topology.epsilons[actor_id * n:(actor_id + 1) * n]
+        return float(mine.min()), float(mine.max())
+
+    def _collect_actor_stats(self) -> None:
+        logger, frames = self.logger, self.counters["frames"] * self.world
+        for actor_id, stats in self.experience.drain():
+            for ret in stats.episode_returns:
+                logger.add(f"actor{actor_id}/episode_return", ret)
+            low, high = self._epsilon_range(actor_id)
+            logger.add(f"actor{actor_id}/epsilon_min", low)
+            logger.add(f"actor{actor_id}/epsilon_max", high)
+            loop.log_actor_stats(logger, stats, frames)
+        if self.remote_actors is not None:
+            self.remote_actors.check()
+            for stats in self.remote_actors.drain():
+                loop.log_actor_stats(logger, stats, frames)
+
+    def collect(self) -> None:
+        self._collect_actor_stats()
+        self.experience.log(self.logger)
+
+    def rank_frames(self) -> int:
+        return self.counters["frames"]
+
+    def budget_spent(self) -> bool:
+        return self.counters["frames"] >= self.frame_budget
+
+    def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
+        replay = self.replay
+        inserted, sampled = replay.inserted - self._last[0], replay.sampled - self._last[1]
+        self._last = (replay.inserted, replay.sampled)
+        scalars = {
+            "replay/insert_per_s": inserted / span_s,
+            "replay/sample_per_s": sampled / span_s,
+            # mean of (|TD| + epsilon)^alpha over the stored transitions
+            "replay/priority_alpha_mean": replay.sampler.tree.total() / max(len(replay), 1),
+            "replay/priority_max": replay.sampler.max_priority,
+            "learner/replay_wait_fraction": self.replay_wait_s / max(self.learner_s, 1e-9),
+        }
+        self.replay_wait_s = self.learner_s = 0.0
+        return scalars, {"replay/size": len(replay), "replay/ratio": sampled / max(inserted, 1)}

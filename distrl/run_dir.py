@@ -1,0 +1,96 @@
+"""A run's directory and its checkpoints: where a run writes, what resuming loads, and
+turning a checkpoint that does not fit the run into an error that names the setting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from distrl import checkpoint, distributed
+from distrl.config import ConfigError
+from distrl.learner import Learner
+from distrl.run_settings import RunSettings
+
+CHECKPOINT_FORMAT = 1
+
+
+def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str, Any] | None]:
+    """The run directory and, when resuming, the checkpoint loaded from it."""
+    if settings.resume:
+        state = checkpoint.load(settings.resume)
+        path = checkpoint.resolve(settings.resume)
+        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        if state.get("agent") != agent_name:
+            raise checkpoint.CheckpointError(
+                f"resume: checkpoint '{path}' is from agent {state.get('agent')!r}, "
+                f"not {agent_name!r}"
+            )
+        return run_dir, state
+    name = settings.log.name or (
+        f"{agent_name}-{settings.env.id.replace('/', '_')}-seed{settings.seed}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    run_dir = Path(settings.log.dir) / name
+    if checkpoint.list_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(
+            f"log.name: run directory '{run_dir}' already holds checkpoints; "
+            f"pass resume={run_dir} to continue it or choose another log.name"
+        )
+    return run_dir, None
+
+
+def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None
+                      ) -> tuple[Path, dict[str, Any] | None]:
+    """:func:`make_run_dir` on rank 0, the same directory on every other rank (each rank
+    loads the checkpoint it resumes from itself); a checkpoint written by another number
+    of learner ranks is refused."""
+    if ranks is None or ranks.is_main:
+        run_dir, resumed = make_run_dir(settings, agent_name)
+    else:
+        resumed = checkpoint.load(settings.resume) if settings.resume else None
+        run_dir = None
+    run_dir = Path(str(distributed.from_rank_0(str(run_dir), ranks)))
+    world = ranks.learners if ranks is not None else 1
+    if resumed is not None and resumed.get("world_size", 1) != world:
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint '{settings.resume}' was written by {resumed.get('world_size', 1)}"
+            f" learner rank(s), this run has {world}; relaunch with the same "
+            "torchrun --nproc_per_node/--nnodes (replay shards and batches are per rank)")
+    return run_dir, resumed
+
+
+def restore_learner(learner: Learner, state: dict[str, Any], optimizer_name: str,
+                    *extra: tuple[Any, str]) -> None:
+    """Load a checkpoint's learner (and each ``(object, key)`` of ``extra``), turning a
+    mismatch into a :class:`CheckpointError` that names the setting to fix."""
+    saved_optimizer = state.get("optimizer_name")
+    if saved_optimizer != optimizer_name:
+        raise checkpoint.CheckpointError(
+            f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
+            f"not {optimizer_name!r}"
+        )
+    try:
+        learner.load_state_dict(state["learner"])
+        for target, key in extra:
+            target.load_state_dict(state[key])
+    except (RuntimeError, KeyError, ValueError) as error:
+        detail = next((line.strip() for line in str(error).splitlines()
+                       if "size mismatch" in line or "Missing" in line), str(error))
+        raise checkpoint.CheckpointError(
+            "resume: checkpoint does not fit this run (agent.model and the replay settings "
+            f"must match the checkpoint's config): {detail}"
+        ) from None
+
+
+def final_checkpoint(settings: RunSettings, resumed: dict[str, Any] | None, updates: int,
+                     save: Callable[[], Path], announce: bool = True) -> Path:
+    """Write the last checkpoint, unless a resumed run did no update (then leave it as is)."""
+    if resumed is not None and updates == resumed["learner"]["updates"]:
+        final = checkpoint.resolve(settings.resume)
+    else:
+        final = save()
+    if announce:
+        print(f"[distrl] checkpoint {final}", flush=True)
+    return final
