@@ -13,6 +13,10 @@ def gloo_threads_left() -> int:
     threads alive at interpreter exit abort the process now and then (std::terminate
     while a worker frees a tensor and cannot take the GIL).
     """
-    names = [Path(f"/proc/self/task/{task}/comm").read_text().strip()
-             for task in os.listdir("/proc/self/task")]
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except FileNotFoundError:  # the thread ended between the listing and the read
+            continue
     return sum(name.startswith(("pt_gloo", "gloo")) for name in names)
