@@ -7,6 +7,8 @@ the field and what is allowed, so a bad command line fails with one clear line.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -18,14 +20,33 @@ class ConfigError(ValueError):
     """A configuration value is outside what its field allows."""
 
 
+def _check_finite(name: str, value: Any) -> None:
+    """nan and inf pass every comparison a range check makes (nan <= 0 is False), so they
+    are refused here by name: an lr of nan or inf would train to garbage without a word."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+
+
+def refuse_non_finite(config: Any, prefix: str = "") -> None:
+    """Raise ConfigError naming the first float field of ``config`` (a dataclass, searched
+    through its nested dataclasses) that is nan or infinite."""
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        _check_finite(f"{prefix}{spec.name}", value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            refuse_non_finite(value, f"{prefix}{spec.name}.")
+
+
 def check_positive(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is a number > 0."""
+    """Raise ConfigError unless ``value`` is a finite number > 0."""
+    _check_finite(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{name} must be a positive number, got {value!r}")
 
 
 def check_non_negative(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is a number >= 0."""
+    """Raise ConfigError unless ``value`` is a finite number >= 0."""
+    _check_finite(name, value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
 
@@ -46,6 +67,17 @@ def check_unit_interval(name: str, value: Any) -> None:
     """Raise ConfigError unless ``value`` lies in [0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ConfigError(f"{name} must lie in [0, 1], got {value!r}")
+
+
+def check_run_name(name: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is empty or one plain directory name: no path
+    separator, no ``..``, not absolute, so the run stays inside ``log.dir``."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    if value and (value in (".", "..") or "/" in value or "\\" in value or "\0" in value):
+        raise ConfigError(
+            f"{name} must be one plain directory name inside log.dir (no '/', no '..', not "
+            f"absolute), got {value!r}; put the path in log.dir instead")
 
 
 PROTOCOLS = ("deepmind", "machado")
@@ -247,6 +279,7 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         check_positive("log.interval_s", self.interval_s)
+        check_run_name("log.name", self.name)
 
 
 @dataclass
@@ -298,6 +331,7 @@ class RunConfig:
     stop_at_return: Optional[float] = None
 
     def __post_init__(self) -> None:
+        refuse_non_finite(self)  # every float setting, the agent's included
         check_positive("total_frames", self.total_frames)
         check_non_negative("seed", self.seed)
         check_choice("kernel", self.kernel, KERNELS)

@@ -116,6 +116,50 @@ def test_non_positive_size_or_rate_names_field(tmp_path: Path, field: str, value
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    "overrides, field, value",
+    [
+        (("agent.optimizer.lr=nan",), "agent.optimizer.lr", "nan"),
+        (("agent.optimizer.lr=inf",), "agent.optimizer.lr", "inf"),
+        (("agent.entropy_cost=-inf",), "agent.entropy_cost", "-inf"),
+        (("stop_at_return=nan",), "stop_at_return", "nan"),
+        (("checkpoint.interval_s=inf",), "checkpoint.interval_s", "inf"),
+        (("agent.optimizer.max_grad_norm=nan",), "agent.optimizer.max_grad_norm", "nan"),
+    ],
+)
+def test_nan_or_inf_is_refused_by_name(tmp_path: Path, overrides: tuple[str, ...], field: str,
+                                       value: str) -> None:
+    """nan passes every range check (nan <= 0 is False): without a finite check an lr of
+    nan would train to garbage and exit 0."""
+    result = run_cli(tmp_path, *overrides)
+    line = assert_distrl_error(result, f"{field} must be a finite number, got {value}")
+    assert line == f"distrl: error: {field} must be a finite number, got {value}", line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("agent, prefix", [("impala", "agent"), ("apex", "agent"),
+                                            ("r2d2", "agent"), ("seed", "agent.impala")])
+def test_every_agents_nested_float_settings_are_checked_for_nan(agent: str, prefix: str) -> None:
+    """The finite check walks the whole config, the agent's nested dataclasses included."""
+    from agents import apex, impala, r2d2, seed
+    from distrl.config import ConfigError, RunConfig
+
+    agent_cfg = {"impala": impala.ImpalaConfig, "apex": apex.ApexConfig,
+                 "r2d2": r2d2.R2D2Config, "seed": seed.SeedConfig}[agent]()
+    optimizer = agent_cfg.impala.optimizer if agent == "seed" else agent_cfg.optimizer
+    optimizer.lr = float("nan")
+    with pytest.raises(ConfigError, match=rf"^{prefix}\.optimizer\.lr must be a finite number"):
+        RunConfig(agent=agent_cfg)
+
+
+@pytest.mark.parametrize("name", ["../outside", "/abs/run", "a/b", ".."])
+def test_log_name_must_stay_inside_log_dir(tmp_path: Path, name: str) -> None:
+    result = run_cli(tmp_path, f"log.name={name}", log_dir=tmp_path / "logs" / "runs")
+    assert_distrl_error(result, "log.name must be one plain directory name inside log.dir",
+                        repr(name))
+    assert not (tmp_path / "logs").exists() and not Path("/abs/run").exists()
+
+
 # ---------------------------------------------------------------- checkpoint errors
 
 
