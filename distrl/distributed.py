@@ -12,7 +12,6 @@ parameters are identical on every rank; rank 0's weights are broadcast at start
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -116,15 +115,9 @@ def init_from_env(timeout_s: float = 300.0, learner_ranks: int = 0) -> RankInfo 
 
 
 def shutdown() -> None:
-    """Leave the process group (on success, error or SIGTERM alike).
-
-    Its gloo threads end only when the last reference to the group goes; a reference
-    cycle left by the run (a feed and its source refer to each other) would keep them
-    alive until some later garbage collection, and threads alive at interpreter exit
-    abort the process now and then. So collect the run's garbage here."""
+    """Leave the process group (on success, error or SIGTERM alike)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-        gc.collect()
 
 
 def broadcast_parameters(model: nn.Module, src: int = 0, group: dist.ProcessGroup | None = None

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from distrl import distributed
+from distrl import distributed, remote
 from distrl.actor import ActorStats
 from distrl.learner import Learner
 from distrl.logging import MetricLogger
@@ -88,6 +88,15 @@ def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> Non
     logger.add("actor/env_wait_s", stats.env_wait_s)
     logger.add("actor/policy_s", stats.policy_s)
     logger.add("actor/slot_wait_s", stats.sink_wait_s)  # waiting for a free slot
+
+
+def log_remote_actors(logger: MetricLogger, remote_actors: remote.RemoteActors | None,
+                      frames: int) -> None:
+    """The counters the actor-only ranks sent (raises if one of them failed)."""
+    if remote_actors is not None:
+        remote_actors.check()
+        for stats in remote_actors.drain():
+            log_actor_stats(logger, stats, frames)
 
 
 def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,

@@ -90,10 +90,36 @@ def load_shard_replay(replay: ReplayBuffer, shard: dict[str, Any]) -> None:
             f"the checkpoint's config): {error}") from None
 
 
+class ReplayInserts:
+    """What an experience source calls with each new batch: into the replay (learner
+    thread only, between draws), with this rank's frames and the replay ratio's credit.
+
+    A separate object from :class:`ReplayFeed` so that the source, which holds this, and
+    the feed, which holds the source, do not refer to each other: such a cycle outlives
+    the run until a garbage collection, and with it the process group's gloo threads.
+    """
+
+    def __init__(self, parts: ReplayAgentParts, replay: ReplayBuffer, prefetcher: Prefetcher,
+                 counters: dict[str, Any], replay_ratio: float, frames_per_step: int):
+        self.parts, self.replay, self.prefetcher = parts, replay, prefetcher
+        self.counters, self.replay_ratio = counters, replay_ratio
+        self.frames_per_step = frames_per_step
+        self.logger: MetricLogger | None = None  # set when the run starts
+
+    def __call__(self, batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        self.prefetcher.settle()
+        self.replay.add(batch, priorities)
+        self.counters["frames"] += batch.env_steps * self.frames_per_step
+        if len(self.replay) >= self.parts.replay.learning_starts and self.replay_ratio > 0:
+            self.counters["update_credit"] += self.replay_ratio * batch.size / self.parts.batch_size
+        self.logger.add("replay/inserted_per_batch", batch.size)
+
+
 class ReplayFeed:
     """A replay learner's batches (:class:`distrl.loop.Feed`): what the source sent is
-    inserted, updates wait for ``learning_starts`` items and, with a replay ratio, for
-    credit (``replay_ratio * inserted / batch_size`` updates); each update's sample was
+    inserted (by :class:`ReplayInserts`), updates wait for ``learning_starts`` items and,
+    with a replay ratio, for credit (``replay_ratio * inserted / batch_size`` updates); each
+    update's sample was
     drawn by the :class:`Prefetcher`, and its new priorities are written back.
     ``counters["frames"]`` counts this rank's frames (``frame_budget`` is its share)."""
 
@@ -105,10 +131,12 @@ class ReplayFeed:
         self.counters = counters
         self.replay_ratio = replay_ratio
         self.frame_budget = frame_budget
-        self.frames_per_step = frames_per_step
         self.start_timeout_s = start_timeout_s
         self.world = world
         self.topology, self.envs_per_actor = topology, envs_per_actor
+        # what the source is given to insert with (see ReplayInserts)
+        self.inserts = ReplayInserts(parts, replay, prefetcher, counters, replay_ratio,
+                                     frames_per_step)
         self.experience: Any = None
         self.logger: MetricLogger | None = None
         self.remote_actors: remote.RemoteActors | None = None
@@ -120,16 +148,8 @@ class ReplayFeed:
     def start(self, experience: Any, logger: MetricLogger,
               remote_actors: remote.RemoteActors | None) -> None:
         self.experience, self.logger, self.remote_actors = experience, logger, remote_actors
+        self.inserts.logger = logger
         self._last = (self.replay.inserted, self.replay.sampled)
-
-    def insert(self, batch: ReplayBatch, priorities: torch.Tensor) -> None:
-        """Into the replay (learner thread only, between draws), with its credit."""
-        self.prefetcher.settle()
-        self.replay.add(batch, priorities)
-        self.counters["frames"] += batch.env_steps * self.frames_per_step
-        if len(self.replay) >= self.parts.replay.learning_starts and self.replay_ratio > 0:
-            self.counters["update_credit"] += self.replay_ratio * batch.size / self.parts.batch_size
-        self.logger.add("replay/inserted_per_batch", batch.size)
 
     def _can_update(self) -> bool:
         if len(self.replay) < self.parts.replay.learning_starts or len(self.replay) == 0:
@@ -196,10 +216,7 @@ class ReplayFeed:
             logger.add(f"actor{actor_id}/epsilon_min", low)
             logger.add(f"actor{actor_id}/epsilon_max", high)
             loop.log_actor_stats(logger, stats, frames)
-        if self.remote_actors is not None:
-            self.remote_actors.check()
-            for stats in self.remote_actors.drain():
-                loop.log_actor_stats(logger, stats, frames)
+        loop.log_remote_actors(logger, self.remote_actors, frames)
 
     def collect(self) -> None:
         self._collect_actor_stats()

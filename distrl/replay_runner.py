@@ -112,7 +112,7 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
     remote_ranks = ranks.actor_ranks_of(ranks.rank) if ranks is not None else []
     if remote_ranks:
         refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
-    experience = source(ReplaySourceContext(parts, rank_settings, topology, model, feed.insert,
+    experience = source(ReplaySourceContext(parts, rank_settings, topology, model, feed.inserts,
                                             topology.frame_shape, env.obs_dtype,
                                             settings.envs_per_group, env.frames_per_step, ctx,
                                             len(remote_ranks)))

@@ -77,10 +77,7 @@ class UnrollFeed:
         assert self.logger is not None
         for stats in self.experience.drain():
             loop.log_actor_stats(self.logger, stats, self.counters["frames"])
-        if self.remote_actors is not None:
-            self.remote_actors.check()
-            for stats in self.remote_actors.drain():
-                loop.log_actor_stats(self.logger, stats, self.counters["frames"])
+        loop.log_remote_actors(self.logger, self.remote_actors, self.counters["frames"])
 
     def collect(self) -> None:
         self._collect_actor_stats()
