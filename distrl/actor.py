@@ -99,12 +99,14 @@ class ActorStats:
         return out
 
 
-def acquire_slot(pool: SlotPool, should_stop: Callable[[], bool], stats: ActorStats) -> int:
-    """A free slot of ``pool``, the wait counted in ``stats.sink_wait_s``; raises
-    :class:`ActorStopped` if the run asks the actor to stop while every slot is taken."""
+def acquire_slot(pool: SlotPool, should_stop: Callable[[], bool], stats: ActorStats,
+                 producer: int = -1) -> int:
+    """A free slot of ``pool`` for ``producer`` (see :meth:`SlotPool.acquire`), the wait
+    counted in ``stats.sink_wait_s``; raises :class:`ActorStopped` if the run asks the
+    actor to stop while every slot is taken."""
     while True:
         try:
-            index, waited = pool.acquire(timeout=0.5)
+            index, waited = pool.acquire(timeout=0.5, producer=producer)
             stats.sink_wait_s += waited
             return index
         except queue.Empty:
@@ -140,8 +142,10 @@ class UnrollSink:
         unroll_length: int,
         stats: ActorStats,
         should_stop: Callable[[], bool] = lambda: False,
+        producer: int = -1,
     ):
         self.pool = pool
+        self.producer = producer  # the actor process's id, so a dead one's slot is reclaimed
         self.unroll_length = unroll_length
         self.stats = stats
         self.should_stop = should_stop
@@ -150,7 +154,7 @@ class UnrollSink:
         self.t = 0
 
     def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
-        self.index = acquire_slot(self.pool, self.should_stop, self.stats)
+        self.index = acquire_slot(self.pool, self.should_stop, self.stats, self.producer)
         self.t = 0
         self.buffers["observations"][self.index, 0].copy_(observations)
         for i, state in enumerate(core_state):

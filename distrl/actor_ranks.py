@@ -120,11 +120,11 @@ def serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
 
     def filled_slots() -> Iterator[tuple[dict[str, torch.Tensor], int]]:
         while True:
-            if experience.serial and pool.full.empty():
+            if experience.serial and not pool.full_count():
                 experience.local_actor.step()  # its batches land in the slots
                 continue
             try:
-                index = pool.full.get(timeout=1.0)
+                (index,), _ = pool.take(1, timeout=1.0)
             except queue.Empty:
                 experience.check()
                 continue

@@ -183,6 +183,9 @@ class OptimizerConfig:
     beta1: float = 0.9  # Adam only
     beta2: float = 0.999  # Adam only
     max_grad_norm: float = 40.0  # global-norm gradient clipping
+    # Divergence guard: an update with a non-finite loss or gradient norm is skipped; this
+    # many in a row stop the run (the newest checkpoint keeps the last good weights).
+    max_skipped_updates: int = 10
 
     def __post_init__(self) -> None:
         check_choice("agent.optimizer.name", self.name, OPTIMIZERS)
@@ -192,6 +195,7 @@ class OptimizerConfig:
         check_positive("agent.optimizer.max_grad_norm", self.max_grad_norm)
         check_non_negative("agent.optimizer.momentum", self.momentum)
         check_unit_interval("agent.optimizer.alpha", self.alpha)
+        check_positive("agent.optimizer.max_skipped_updates", self.max_skipped_updates)
 
 
 TORSOS = ("auto", "shallow", "nature", "resnet", "minatar", "mlp")
@@ -245,6 +249,11 @@ class DistributedConfig:
     actor_threads: int = 1  # torch threads in each actor process
     slots: int = 0  # shared unroll slots; 0 = 2 x the slots one batch needs x actors
     start_timeout_s: float = 120.0  # how long to wait for actors to produce their first unroll
+    # Actor supervision (IMPALA, Ape-X, R2D2 actor processes): an actor that exits or shows
+    # no sign of life for actor_timeout_s is restarted, its partial unroll dropped; more
+    # restarts than max_actor_restarts end the run (after a final checkpoint).
+    actor_timeout_s: float = 60.0
+    max_actor_restarts: int = 10
     # Under torchrun: ranks 0..learner_ranks-1 learn, the others only act and stream their
     # experience to a learner rank (distrl.remote); 0 = every rank learns.
     learner_ranks: int = 0
@@ -258,9 +267,10 @@ class DistributedConfig:
         check_non_negative("distributed.resync_interval", self.resync_interval)
         check_non_negative("distributed.learner_threads", self.learner_threads)
         for name in ("envs_per_actor", "env_groups", "env_threads", "actor_threads",
-                     "start_timeout_s"):
+                     "start_timeout_s", "actor_timeout_s"):
             check_positive(f"distributed.{name}", getattr(self, name))
         check_non_negative("distributed.slots", self.slots)
+        check_non_negative("distributed.max_actor_restarts", self.max_actor_restarts)
         if self.envs_per_actor % self.env_groups:
             raise ConfigError(
                 f"distributed.envs_per_actor ({self.envs_per_actor}) must be a multiple of "

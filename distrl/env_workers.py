@@ -177,7 +177,8 @@ class EnvWorkers:
     they end with the run, also when it fails.
 
     Worker ``w`` owns channels ``w * G .. w * G + G - 1``. :meth:`restart` kills a worker
-    (if still running) and starts a fresh one with the next generation's seed.
+    (if still running), clears its channels and starts a fresh one with the next
+    generation's seed, under the supervisor's restart limit.
 
     Args:
         ctx: a ``torch.multiprocessing`` spawn context.
@@ -186,22 +187,25 @@ class EnvWorkers:
         env_cfg, env_threads: what each worker builds with ``make_envs``.
         seed: the run's seed.
         channels: the shared channels (``count * groups`` of them).
+        max_restarts: restarts the run allows (``agent.max_worker_restarts``).
     """
 
     def __init__(self, ctx: Any, count: int, groups: int, env_cfg: EnvConfig,
-                 env_threads: int, seed: int, channels: Channels):
+                 env_threads: int, seed: int, channels: Channels, max_restarts: int = 0):
         if channels.num_channels != count * groups:
             raise ValueError(f"need {count * groups} channels, got {channels.num_channels}")
         self.count, self.groups = count, groups
         self.env_cfg, self.env_threads, self.seed = env_cfg, env_threads, seed
         self.channels = channels
         self.generations = [0] * count
-        self.started_at = [0.0] * count
         self.children = ChildProcesses(ctx, count, "distrl-env-worker", _env_worker,
-                                       self._args_for)
+                                       self._args_for, label="env worker",
+                                       max_restarts=max_restarts,
+                                       limit_setting="agent.max_worker_restarts",
+                                       before_restart=self._next_generation)
+        self.started_at = self.children.started_at
 
     def _args_for(self, worker: int) -> tuple[Any, ...]:
-        self.started_at[worker] = time.monotonic()
         seeds = worker_seeds(self.seed, worker, self.groups, self.channels.envs,
                              self.generations[worker])
         return (worker, self.channels_of(worker), self.env_cfg, self.env_threads, seeds,
@@ -224,13 +228,18 @@ class EnvWorkers:
     def exitcode(self, worker: int) -> int | None:
         return self.children.exitcode(worker)
 
-    def restart(self, worker: int) -> None:
-        """Kill ``worker`` if it still runs, clear its channels and start its next generation."""
-        self.children.kill(worker)
+    def restart(self, worker: int, cause: str) -> None:
+        """Replace ``worker``, which ``cause``, by its next generation (see
+        :meth:`ChildProcesses.restart`; raises past the restart limit)."""
+        self.children.restart(worker, cause)
+
+    def exit_cause(self, worker: int) -> str:
+        return self.children.exit_cause(worker)
+
+    def _next_generation(self, worker: int) -> None:
         for channel in self.channels_of(worker):
             self.channels.clear(channel)
         self.generations[worker] += 1
-        self.children.start(worker)
 
     def pids(self) -> list[int]:
         return self.children.pids()

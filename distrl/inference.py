@@ -89,8 +89,6 @@ class InferenceServer:
         worker_timeout_s: a worker silent this long after its actions counts as hung.
         start_timeout_s: the same, for a worker's first request after it started.
         frames_per_step: env frames per agent step (Atari's frame skip), for the counters.
-        on_restart: called with (worker, exit code or None if it hung) before a worker is
-            restarted; it may raise to end the run (too many restarts).
         policy_for: the policy for one call's channels, when it depends on them (an
             epsilon per env for Ape-X/R2D2 learners); ``policy`` otherwise.
     """
@@ -109,7 +107,6 @@ class InferenceServer:
         worker_timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
         frames_per_step: int = 1,
-        on_restart: Callable[[int, int | None], None] | None = None,
         policy_for: Callable[[list[int]], Policy] | None = None,
     ):
         if len(groups) != channels.num_channels:
@@ -127,7 +124,6 @@ class InferenceServer:
         self.worker_timeout_s = worker_timeout_s
         self.start_timeout_s = start_timeout_s
         self.frames_per_step = frames_per_step
-        self.on_restart = on_restart
         self.policy_for = policy_for
         self.inference = InferenceStats()
         self.stats_lock = threading.Lock()  # the learner thread drains what this one counts
@@ -226,7 +222,8 @@ class InferenceServer:
         if self.workers is None:
             return []
         now = time.monotonic()
-        failed = set(self.workers.dead())
+        dead = set(self.workers.dead())
+        failed = set(dead)
         for channel in range(len(self.groups)):
             worker = self.workers.worker_of(channel)
             waiting = int(self.channels.ready[channel]) == 0
@@ -238,16 +235,15 @@ class InferenceServer:
             if waiting and silent:
                 failed.add(worker)
         for worker in sorted(failed):
-            exitcode = self.workers.exitcode(worker)
+            cause = (self.workers.exit_cause(worker) if worker in dead
+                     else f"was silent for more than {self.worker_timeout_s:g} s")
             for channel in self.workers.channels_of(worker):
                 if self.open[channel]:
                     self.groups[channel].sink.abort()
                     with self.stats_lock:
                         self.inference.dropped_unrolls += 1
                 self.open[channel] = False
-            if self.on_restart is not None:  # may raise: then no doomed worker is started
-                self.on_restart(worker, exitcode)
-            self.workers.restart(worker)
+            self.workers.restart(worker, cause)  # raises past the limit: the run ends
             with self.stats_lock:
                 self.inference.restarts += 1
         return sorted(failed)

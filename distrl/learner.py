@@ -7,6 +7,7 @@ priorities)``. Also the optimizers and learning-rate schedules the papers use.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -19,6 +20,11 @@ from distrl.optimizers import RMSpropTF
 from distrl.weights import WeightStore
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float], Any]]
+
+
+class Diverged(RuntimeError):
+    """Training diverged: too many non-finite updates in a row, or non-finite weights.
+    Raised before anything non-finite is published or checkpointed."""
 
 
 def make_optimizer(
@@ -140,6 +146,10 @@ class Learner:
             across learner ranks (:class:`distrl.distributed.GradientAverager`); its
             ``last_s`` is logged as ``learner/allreduce_s``.
         device: the model's device; each batch moves there (None: it is already there).
+        max_skipped_updates: the divergence guard. An update whose loss or gradient norm is
+            not finite is skipped (no optimizer step, nothing published, its priorities
+            not written back) and counted as ``learner/skipped_updates``; this many in a
+            row raise :class:`Diverged`. Weights made non-finite by a step raise at once.
     """
 
     def __init__(
@@ -152,6 +162,7 @@ class Learner:
         weights: WeightStore | None = None,
         sync_gradients: Any = None,
         device: torch.device | None = None,
+        max_skipped_updates: int = 10,
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -162,6 +173,8 @@ class Learner:
         self.sync_gradients = sync_gradients
         self.device = device  # where the model is: batches move there, priorities back
         self.updates = 0
+        self.max_skipped_updates = max_skipped_updates
+        self.skipped_in_a_row = self.skipped_updates = 0
 
     @property
     def version(self) -> int:
@@ -169,7 +182,8 @@ class Learner:
         return self.updates
 
     def step(self, batch: Any) -> tuple[dict[str, float], Any]:
-        """One update on ``batch``. Returns (metrics, priorities from loss_fn)."""
+        """One update on ``batch``. Returns (metrics, priorities from loss_fn); priorities
+        are None when the update was skipped for a non-finite loss or gradient norm."""
         start = time.perf_counter()
         self.model.train()
         if self.device is not None and self.device.type != "cpu":
@@ -184,17 +198,48 @@ class Learner:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         metrics = dict(metrics)
         metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.updates += 1
-        if self.weights is not None:
-            self.weights.publish(self.model, self.updates)
-        metrics["learner/loss"] = float(loss.detach())
-        metrics["learner/grad_norm"] = float(grad_norm)
+        loss_value, norm_value = float(loss.detach()), float(grad_norm)
+        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+        if skipped:
+            self._skip(loss_value, norm_value)
+            priorities = None
+        else:
+            self.skipped_in_a_row = 0
+            self.optimizer.step()
+            self._refuse_non_finite_weights()
+            self.scheduler.step()
+            self.updates += 1
+            if self.weights is not None:
+                self.weights.publish(self.model, self.updates)
+        metrics["learner/skipped_updates"] = float(skipped)
+        metrics["learner/loss"] = loss_value
+        metrics["learner/grad_norm"] = norm_value
         metrics["learner/step_s"] = time.perf_counter() - start
         if self.sync_gradients is not None:
             metrics["learner/allreduce_s"] = self.sync_gradients.last_s
         return metrics, priorities
+
+    def _skip(self, loss: float, grad_norm: float) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_in_a_row += 1
+        self.skipped_updates += 1
+        if self.skipped_in_a_row >= self.max_skipped_updates:
+            lr = self.optimizer.param_groups[0]["lr"]
+            raise Diverged(
+                f"training diverged: {self.skipped_in_a_row} updates in a row had a non-finite "
+                f"loss or gradient norm (last: loss {loss:g}, grad norm {grad_norm:g}, lr "
+                f"{lr:g}) and were skipped; agent.optimizer.max_skipped_updates="
+                f"{self.max_skipped_updates}. Lower agent.optimizer.lr; the newest checkpoint "
+                "holds the last good weights")
+
+    def _refuse_non_finite_weights(self) -> None:
+        norms = torch._foreach_norm([p.detach() for p in self.model.parameters()])
+        if not bool(torch.isfinite(torch.stack(norms)).all()):
+            raise Diverged(
+                f"training diverged: update {self.updates + 1} made the weights non-finite "
+                f"(lr {self.optimizer.param_groups[0]['lr']:g}); nothing was published or "
+                "checkpointed from it. Lower agent.optimizer.lr; the newest checkpoint holds "
+                "the last good weights")
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -110,7 +110,7 @@ class LearnerRank:
         averager = (distributed.GradientAverager(self.model, self.ranks.group)
                     if self.ranks is not None else None)
         return Learner(self.model, loss_fn, optimizer, scheduler, opt.max_grad_norm, weights,
-                       averager, self.device)
+                       averager, self.device, opt.max_skipped_updates)
 
     def make_logger(self, purge_step: int | None) -> MetricLogger:
         """Rank 0 logs to tensorboard and stdout; the other ranks stay quiet. A resumed

@@ -23,6 +23,7 @@ from distrl.actor import ActorStats
 from distrl.learner import Learner
 from distrl.logging import MetricLogger
 from distrl.run_settings import RunSettings
+from distrl.supervisor import TooManyRestarts
 
 
 class Feed(Protocol):
@@ -122,15 +123,24 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     the same frames and mean return). ``counters["elapsed_s"]`` is kept current for the
     checkpoint; ``save_checkpoint(frames of all ranks)`` runs on every rank when rank 0's
     ``checkpoint.interval_s`` has passed; ``progress(updates, frames)`` after each update.
+
+    Actors that fail more often than ``distributed.max_actor_restarts`` stop the run like a
+    signal, and :class:`~distrl.supervisor.TooManyRestarts` is raised once its checkpoint is
+    written. A diverged learner (:class:`~distrl.learner.Diverged`) raises at once, so the
+    newest checkpoint keeps the last good weights.
     """
     run_start = time.monotonic() - counters["elapsed_s"]
     last_checkpoint = time.monotonic()
     world = ranks.learners if ranks is not None else 1
     frames = feed.rank_frames() * world
     last_report = (frames, learner.updates, time.monotonic())
+    failure: TooManyRestarts | None = None  # the actors failed too often: stop, checkpoint
     with StopFlag() as signals:
         while True:
-            fetched = feed.next_batch(lambda: signals.requested)
+            try:
+                fetched = feed.next_batch(lambda: signals.requested)
+            except TooManyRestarts as error:
+                fetched, failure = None, error
             before = distributed.agree(fetched is None, False, feed.rank_frames(),
                                        float("nan"), ranks)
             if before.stop:
@@ -144,9 +154,12 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
             counters["elapsed_s"] = time.monotonic() - run_start
             logger.add_many(metrics)
             logger.add_many(waits)
-            feed.collect()
+            try:
+                feed.collect()
+            except TooManyRestarts as error:
+                failure = error
             agreement = distributed.agree(
-                signals.requested or feed.budget_spent()
+                failure is not None or signals.requested or feed.budget_spent()
                 or (should_stop is not None and should_stop(learner.updates)),
                 time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
                 feed.rank_frames(), recent_mean_20(logger), ranks)
@@ -164,6 +177,9 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
                 last_checkpoint = time.monotonic()
             if stop_now:
                 break
+    if failure is not None:
+        path = save_checkpoint(frames)
+        raise TooManyRestarts(f"{failure}; the run stopped after its checkpoint {path}")
     return frames
 
 

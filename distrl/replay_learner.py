@@ -195,7 +195,8 @@ class ReplayFeed:
     def after_update(self, batch: SampleBatch | SequenceSample,
                      priorities: torch.Tensor | None) -> None:
         self.prefetcher.settle()
-        self.replay.update_priorities(batch.indices, priorities)
+        if priorities is not None:  # None: the update was skipped (divergence guard)
+            self.replay.update_priorities(batch.indices, priorities)
         if self.replay_ratio > 0:
             self.counters["update_credit"] -= 1.0
         busy = time.perf_counter() - self._loop_start - self._data_wait

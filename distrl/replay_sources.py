@@ -22,7 +22,7 @@ from torch import nn
 
 from distrl import distributed
 from distrl.actor import Actor, ActorStats, EnvGroup, TransitionSink, acquire_slot
-from distrl.actor_processes import ActorProcesses
+from distrl.actor_processes import ActorProcesses, restart_seed, supervised_actors
 from distrl.agent_parts import ReplayAgentParts, ReplayBatch
 from distrl.envs import env_seed, is_atari, make_envs
 from distrl.logging import MetricLogger
@@ -59,14 +59,14 @@ class BatchSlots:
         self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
 
     def write(self, batch: ReplayBatch, priorities: torch.Tensor,
-              should_stop: Callable[[], bool], stats: ActorStats) -> None:
+              should_stop: Callable[[], bool], stats: ActorStats, producer: int = -1) -> None:
         """Actor side: copy a batch into a free slot and hand it over (the wait for a free
-        slot is counted in ``stats``)."""
+        slot is counted in ``stats``; ``producer``: the actor process's id)."""
         k, m = batch.size, batch.frames.shape[0]
         if k > self.max_items or m > self.max_frames:
             raise RuntimeError(f"an actor batch of {k} items / {m} frames exceeds the "
                                f"slot size {self.max_items} / {self.max_frames}")
-        index = acquire_slot(self.pool, should_stop, stats)
+        index = acquire_slot(self.pool, should_stop, stats, producer)
         b = self.pool.buffers
         b["frames"][index, :m].copy_(batch.frames)
         for name in self.item_fields:
@@ -79,8 +79,7 @@ class BatchSlots:
     def read(self, timeout: float) -> tuple[ReplayBatch, torch.Tensor] | None:
         """Learner side: the next full slot's batch and priorities (copied), or None."""
         try:
-            index = self.pool.full.get(timeout=timeout) if timeout > 0 else \
-                self.pool.full.get_nowait()
+            (index,), _ = self.pool.take(1, timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
         b = self.pool.buffers
@@ -114,9 +113,11 @@ class ReplayTopology:
 def build_replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
     store: WeightStore, emit: Callable[[ReplayBatch, torch.Tensor], None], actor_id: int,
-    stats: ActorStats,
+    stats: ActorStats, generation: int = 0,
 ) -> Actor:
-    """An actor whose env groups write transitions or sequences, prioritised by ``model``."""
+    """An actor whose env groups write transitions or sequences, prioritised by ``model``;
+    a restarted actor (``generation`` > 0) plays other episodes with the same epsilons and
+    starts its writer streams over."""
     dist = settings.distributed
     per_group = dist.envs_per_actor // dist.env_groups
     experience = parts.experience
@@ -127,7 +128,8 @@ def build_replay_actor(
 
     groups = []
     for g in range(dist.env_groups):
-        seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
+        seed = env_seed(restart_seed(settings.seed, generation), actor_id, g, dist.env_groups,
+                        per_group)
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
         first = actor_id * dist.envs_per_actor + g * per_group
         writer = experience.make_writer(per_group, topology.frame_stack,
@@ -158,15 +160,16 @@ def build_replay_actor(
 def _replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology,
     slots: BatchSlots, store: WeightStore, actor_id: int, stats: ActorStats,
-    should_stop: Callable[[], bool],
+    should_stop: Callable[[], bool], generation: int,
 ) -> Actor:
     """An actor process's actor: it sends its batches through ``slots``."""
     model = parts.make_model(topology.obs_shape, topology.num_actions)
 
     def emit(batch: ReplayBatch, priorities: torch.Tensor) -> None:
-        slots.write(batch, priorities, should_stop, stats)
+        slots.write(batch, priorities, should_stop, stats, actor_id)
 
-    return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats)
+    return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats,
+                              generation)
 
 
 @dataclass
@@ -220,7 +223,6 @@ class ReplayActorSource:
 
     def __enter__(self) -> ReplayActorSource:
         c = self.ctx
-        dist = c.settings.distributed
         if self.serial:
             policy_model = c.parts.make_model(c.topology.obs_shape, c.topology.num_actions)
             self.local_actor = build_replay_actor(c.parts, c.settings, c.topology, policy_model,
@@ -230,8 +232,9 @@ class ReplayActorSource:
         else:
             build = functools.partial(_replay_actor, c.parts, c.settings, c.topology,
                                       self.slots, self.weights)
-            self.actors = self._exit.enter_context(ActorProcesses(
-                c.mp_context, dist.actors, build, dist.actor_threads, c.settings.seed))
+            assert self.slots is not None
+            self.actors = self._exit.enter_context(supervised_actors(
+                c.mp_context, c.settings, build, self.slots.pool))
         return self
 
     def step_local(self) -> None:
@@ -264,10 +267,13 @@ class ReplayActorSource:
             self.actors.check_alive()
 
     def log(self, logger: MetricLogger) -> None:
-        """Nothing beyond the actors' counters."""
+        """Actor restarts and the batches they dropped."""
+        if self.actors is not None:
+            self.actors.log(logger)
 
     def summary(self) -> dict[str, Any]:
-        return {}
+        """Actor restarts and dropped batches (none in one process)."""
+        return self.actors.summary() if self.actors is not None else {}
 
     def __exit__(self, *exc: Any) -> None:
         self._exit.close()

@@ -87,7 +87,8 @@ class _ServerSource:
         else:
             channels = Channels(mp_context, num_channels, per_group, obs_shape, obs_dtype)
             env_workers = self._exit.enter_context(EnvWorkers(
-                mp_context, dist.actors, dist.env_groups, env, dist.env_threads, seed, channels))
+                mp_context, dist.actors, dist.env_groups, env, dist.env_threads, seed, channels,
+                self.settings.max_worker_restarts))
         self.channels = channels
         inf = self.settings
         self.server = InferenceServer(
@@ -95,7 +96,7 @@ class _ServerSource:
             self.stats, max_batch=inf.max_batch or num_channels * per_group,
             batch_timeout_s=inf.batch_timeout_s, device=self.device, workers=env_workers,
             worker_timeout_s=inf.worker_timeout_s, start_timeout_s=dist.start_timeout_s,
-            frames_per_step=frames_per_step, on_restart=self._on_restart,
+            frames_per_step=frames_per_step,
             policy_for=policy_for)
         if env_workers is not None:
             self.thread = self._exit.enter_context(ServerThread(self.server))
@@ -104,19 +105,6 @@ class _ServerSource:
 
     def should_stop(self) -> bool:
         return self.stopping
-
-    def _on_restart(self, worker: int, exitcode: int | None) -> None:
-        assert self.server is not None and self.server.workers is not None
-        restarts = sum(self.server.workers.generations) + 1
-        how = f"exited with code {exitcode}" if exitcode is not None else "hung"
-        if restarts <= self.settings.max_worker_restarts:
-            print(f"[distrl] env worker {worker} {how}: restarting it, its partial experience "
-                  f"dropped ({restarts} restarts so far)", flush=True)
-        else:
-            raise RuntimeError(
-                f"env worker {worker} {how}: env workers would be restarted {restarts} times, "
-                f"more than agent.max_worker_restarts={self.settings.max_worker_restarts}; "
-                "see the worker tracebacks above")
 
     def _drain_server(self) -> ActorStats:
         assert self.server is not None
@@ -187,7 +175,7 @@ class SeedSource(_ServerSource):
         pool = self.ctx.pool
         assert self.server is not None
         if self.thread is None:
-            while pool.full.qsize() < count:
+            while pool.full_count() < count:
                 self.server.step()
             return pool.take(count)
         return wait_for_slots(pool, count, self.ctx.settings.distributed.start_timeout_s

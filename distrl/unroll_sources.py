@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from distrl.actor import Actor, ActorStats, EnvGroup, UnrollSink
-from distrl.actor_processes import ActorProcesses
+from distrl.actor_processes import ActorProcesses, restart_seed, supervised_actors
 from distrl.agent_parts import UnrollAgentParts
 from distrl.envs import env_seed, make_envs
 from distrl.logging import MetricLogger
@@ -65,15 +65,19 @@ def to_unroll(batch: dict[str, torch.Tensor]) -> Unroll:
 def build_unroll_actor(
     parts: UnrollAgentParts, settings: RunSettings, model: nn.Module, store: WeightStore,
     pool: SlotPool, actor_id: int, stats: ActorStats, should_stop: Callable[[], bool],
+    generation: int = 0,
 ) -> Actor:
-    """An actor with its env groups, each writing unrolls into ``pool``."""
+    """An actor with its env groups, each writing unrolls into ``pool``; a restarted actor
+    (``generation`` > 0) plays other episodes than its predecessor."""
     dist = settings.distributed
     per_group = settings.envs_per_group
     groups = []
     for g in range(dist.env_groups):
-        seed = env_seed(settings.seed, actor_id, g, dist.env_groups, per_group)
+        seed = env_seed(restart_seed(settings.seed, generation), actor_id, g, dist.env_groups,
+                        per_group)
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
-        groups.append(EnvGroup(env, UnrollSink(pool, parts.unroll_length, stats, should_stop)))
+        groups.append(EnvGroup(env, UnrollSink(pool, parts.unroll_length, stats, should_stop,
+                                                actor_id)))
     version = -1  # -1: the first call loads the learner's weights (version 0)
 
     def pull_weights() -> int:
@@ -90,11 +94,12 @@ def build_unroll_actor(
 def _unroll_actor(
     parts: UnrollAgentParts, settings: RunSettings, obs_shape: tuple[int, ...],
     num_actions: int, pool: SlotPool, store: WeightStore, actor_id: int, stats: ActorStats,
-    should_stop: Callable[[], bool],
+    should_stop: Callable[[], bool], generation: int,
 ) -> Actor:
     """An actor process's unroll actor with its own model copy (see :class:`ActorProcesses`)."""
     model = parts.make_model(obs_shape, num_actions)
-    return build_unroll_actor(parts, settings, model, store, pool, actor_id, stats, should_stop)
+    return build_unroll_actor(parts, settings, model, store, pool, actor_id, stats, should_stop,
+                              generation)
 
 
 @dataclass
@@ -142,8 +147,8 @@ class UnrollActorSource:
         else:
             build = functools.partial(_unroll_actor, c.parts, c.settings, c.obs_shape,
                                       c.num_actions, c.pool, self.weights)
-            self.actors = self._exit.enter_context(ActorProcesses(
-                c.pool.mp_context, dist.actors, build, dist.actor_threads, c.settings.seed))
+            self.actors = self._exit.enter_context(supervised_actors(
+                c.pool.mp_context, c.settings, build, c.pool))
         return self
 
     def drain(self) -> list[ActorStats]:
@@ -153,11 +158,13 @@ class UnrollActorSource:
         return drained
 
     def log(self, logger: MetricLogger) -> None:
-        """Nothing beyond the actors' counters (SEED's source logs its inference here)."""
+        """Actor restarts and the unrolls they dropped (SEED's source logs its inference)."""
+        if self.actors is not None:
+            self.actors.log(logger)
 
     def summary(self) -> dict[str, Any]:
-        """Figures for the run's returned summary (none for actors)."""
-        return {}
+        """Figures for the run's returned summary: actor restarts, dropped unrolls."""
+        return self.actors.summary() if self.actors is not None else {}
 
     def next_batch(self, count: int, first: bool,
                    on_wait: Callable[[], None]) -> tuple[list[int], float]:
@@ -165,7 +172,7 @@ class UnrollActorSource:
         wait at most ``distributed.start_timeout_s``; ``on_wait`` runs every idle second."""
         pool = self.ctx.pool
         if self.local_actor is not None:
-            while pool.full.qsize() < count:
+            while pool.full_count() < count:
                 self.local_actor.step()
             return pool.take(count)
         assert self.actors is not None

@@ -22,6 +22,7 @@ from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
 from distrl.replay_learner import Prefetcher
 from distrl.replay_sources import BatchSlots, rank_epsilons
+from distrl.supervisor import TooManyRestarts
 
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 
@@ -70,7 +71,7 @@ def test_slots_carry_the_largest_batch_an_env_group_can_flush():
         assert torch.equal(getattr(got, field), getattr(batch, field)), field
     assert torch.equal(got_priorities, priorities)
     assert slots.read(timeout=0.0) is None
-    assert slots.pool.free.qsize() == 2  # the slot went back
+    assert slots.pool.free_count() == 2  # the slot went back
 
 
 def test_slot_overflow_is_an_error_not_a_truncated_batch():
@@ -151,13 +152,18 @@ def test_checkpoint_without_replay_leaves_it_out(tmp_path):
 
 
 @pytest.mark.dist
-def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path):
+def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path, capfd):
+    """Each crash is restarted until distributed.max_actor_restarts is spent; the env's
+    traceback reaches stderr and the run ends naming the setting."""
     cfg = preset(tmp_path, "crash", "distributed.actors=2", "distributed.envs_per_actor=2",
-                 "env.id=DistrlCrashAfter-v0", "env.imports=[crashing_env]")
+                 "env.id=DistrlCrashAfter-v0", "env.imports=[crashing_env]",
+                 "distributed.max_actor_restarts=2")
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="actor [01] failed:(.|\n)*crashed on purpose"):
+    with pytest.raises(TooManyRestarts, match=r"actor [01] exited with code 1: actors would "
+                       r"be restarted 3 times, more than distributed\.max_actor_restarts=2"):
         apex.run(cfg)
     assert time.monotonic() - start < 60
+    assert capfd.readouterr().err.count("DistrlCrashAfter-v0 crashed on purpose") >= 3
 
 
 @pytest.mark.slow

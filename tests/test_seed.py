@@ -69,7 +69,7 @@ def _server(channels, pool: SlotPool, policy, model, stats: ActorStats, **kw) ->
 
 def _collect(pool: SlotPool, count: int, produce) -> list[dict[str, torch.Tensor]]:
     """Step ``produce`` until ``count`` unrolls are committed; their fields, in order."""
-    while pool.full.qsize() < count:
+    while pool.full_count() < count:
         produce()
     indices, _ = pool.take(count)
     return [pool.gather([i]) for i in indices]
@@ -189,7 +189,7 @@ def test_dynamic_batching_gives_every_env_its_own_action():
     server, stats, pool = _run_workers("DistrlMatch-v0", 3, 2, 2, 3000, policy, max_batch=6)
     sizes = server.inference.batch_sizes
     assert max(sizes) <= 6 and len(set(sizes)) > 1 and max(sizes) > 2  # mixed batches
-    indices, _ = pool.take(pool.full.qsize())
+    indices, _ = pool.take(pool.full_count())
     rewards = torch.cat([pool.gather([i])["rewards"].flatten() for i in indices])
     assert rewards.numel() >= 1000 and torch.all(rewards == 1.0)
     assert stats.episode_returns and all(r == 7.0 for r in stats.episode_returns)
@@ -246,10 +246,10 @@ def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner(
     with EnvWorkers(ctx, 2, 1, _env("DistrlCounter-v0"), 1, 0, channels) as workers:
         server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), stats,
                          workers=workers, worker_timeout_s=30.0)
-        _serve_until(server, lambda: all(server.open) and pool.full.qsize() >= 10)
+        _serve_until(server, lambda: all(server.open) and pool.full_count() >= 10)
         first_pid = workers.pids()[0]
         os.kill(first_pid, signal.SIGKILL)
-        before = pool.full.qsize()
+        before = pool.full_count()
         _serve_until(server, lambda: server.inference.restarts == 1)
         assert workers.generations == [1, 0] and workers.pids()[0] != first_pid
         assert server.inference.dropped_unrolls == 1  # the open unroll of worker 0's channel
@@ -261,8 +261,8 @@ def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner(
 
         def new_worker_delivered() -> bool:
             nonlocal taken
-            if pool.full.qsize():
-                indices, _ = pool.take(pool.full.qsize())
+            if pool.full_count():
+                indices, _ = pool.take(pool.full_count())
                 taken += len(indices)
                 unrolls.extend(pool.gather([i]) for i in indices)
             return any(set(u["observations"][0, :, 0].long().tolist()) == new_ids
@@ -273,7 +273,7 @@ def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner(
     for unroll in unrolls:
         _assert_unroll_consistent(unroll)
     # Every slot is either queued, or free, or held by one of the two open unrolls.
-    assert pool.free.qsize() + taken + 2 == pool.num_slots
+    assert pool.free_count() + taken + 2 == pool.num_slots
 
 
 def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
@@ -288,9 +288,9 @@ def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
         _serve_until(server, lambda: server.inference.restarts == 1)
         assert time.monotonic() - start < 20
         # Generation 0 hung on its 5th step: the one unroll it had open was dropped.
-        assert server.inference.dropped_unrolls == 1 and pool.full.qsize() == 0
-        _serve_until(server, lambda: pool.full.qsize() >= 5)  # generation 1 does not hang
-        indices, _ = pool.take(pool.full.qsize())
+        assert server.inference.dropped_unrolls == 1 and pool.full_count() == 0
+        _serve_until(server, lambda: pool.full_count() >= 5)  # generation 1 does not hang
+        indices, _ = pool.take(pool.full_count())
     for i in indices:
         _assert_unroll_consistent(pool.gather([i]))
 

@@ -1,0 +1,45 @@
+"""Gymnasium envs for fault tests: ``env.imports=[counting_env]`` registers them.
+
+``DistrlCount-v0``: the observation is ``[t, 1, 0, 0]`` at step ``t`` of an episode of 40
+steps, so a test can tell whether consecutive observations of one env belong together:
+an unroll or transition stitched from two actors' pieces, or cut short, shows at once.
+``DistrlHangAfter-v0``: the same, but its 30th step never returns (a hung env).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium
+import numpy as np
+
+EPISODE_STEPS = 40
+
+
+class Count(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1e6, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+    hang_at: int | None = None
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t, 1.0, 0.0, 0.0], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.hang_at is not None and self.t >= self.hang_at:
+            time.sleep(3600)
+        return self._obs(), float(action), self.t >= EPISODE_STEPS, False, {}
+
+
+class HangAfter(Count):
+    hang_at = 30
+
+
+for _name, _entry in (("DistrlCount-v0", Count), ("DistrlHangAfter-v0", HangAfter)):
+    if _name not in gymnasium.registry:
+        gymnasium.register(_name, entry_point=_entry)
