@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 FREE, WRITING, FULL, TAKEN = 0, 1, 2, 3  # a slot's state: who may touch it now
+POLL_S = 0.1  # a waiter re-reads the flags at least this often (a wakeup may go to another)
 
 
 @dataclass(frozen=True)
@@ -133,15 +134,17 @@ class SlotPool:
         Returns (index, seconds waited); raises ``queue.Empty`` after ``timeout`` s."""
         start = time.perf_counter()
         deadline = None if timeout is None else start + timeout
+        woken = 0  # wakeups this call consumed while waiting
         while True:
             index = self._claim(producer)
             if index is not None:
-                self.freed.acquire(False)  # consume its wakeup, so the count stays bounded
+                if not woken:  # consume the slot's wakeup, so the count stays bounded
+                    self.freed.acquire(False)
                 return index, time.perf_counter() - start
             left = None if deadline is None else deadline - time.perf_counter()
             if left is not None and left <= 0:
                 raise queue.Empty
-            self.freed.acquire(True, None if left is None else min(left, 0.1))
+            woken += self.freed.acquire(True, POLL_S if left is None else min(left, POLL_S))
 
     def commit(self, index: int) -> None:
         """Producer side: the slot is completely written; hand it to the learner."""
@@ -163,18 +166,19 @@ class SlotPool:
         nothing is taken)."""
         start = time.perf_counter()
         deadline = None if timeout is None else start + timeout
+        woken = 0  # commits' wakeups this call consumed while waiting
         while True:
             full = torch.nonzero(self.state == FULL).flatten()
             if full.numel() >= count:
                 oldest = full[torch.argsort(self.stamp[full], stable=True)[:count]]
                 self.state[oldest] = TAKEN
-                for _ in range(count):
+                for _ in range(count - woken):  # one wakeup per slot taken, no more
                     self.filled.acquire(False)
                 return oldest.tolist(), time.perf_counter() - start
             left = None if deadline is None else deadline - time.perf_counter()
             if left is not None and left <= 0:
                 raise queue.Empty
-            self.filled.acquire(True, None if left is None else min(left, 0.1))
+            woken += self.filled.acquire(True, POLL_S if left is None else min(left, POLL_S))
 
     def release(self, indices: list[int]) -> None:
         """Learner side (or a producer dropping a half-written unroll): the slots may be

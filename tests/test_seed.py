@@ -243,7 +243,8 @@ def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner(
     pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
     channels = Channels(ctx, 2, envs, (2,), torch.float32)
     stats = ActorStats()
-    with EnvWorkers(ctx, 2, 1, _env("DistrlCounter-v0"), 1, 0, channels) as workers:
+    with EnvWorkers(ctx, 2, 1, _env("DistrlCounter-v0"), 1, 0, channels,
+                    max_restarts=3) as workers:
         server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), stats,
                          workers=workers, worker_timeout_s=30.0)
         _serve_until(server, lambda: all(server.open) and pool.full_count() >= 10)
@@ -281,7 +282,8 @@ def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
     envs = 2
     pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
     channels = Channels(ctx, 1, envs, (2,), torch.float32)
-    with EnvWorkers(ctx, 1, 1, _env("DistrlHang-v0"), 1, 0, channels) as workers:
+    with EnvWorkers(ctx, 1, 1, _env("DistrlHang-v0"), 1, 0, channels,
+                    max_restarts=3) as workers:
         server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), ActorStats(),
                          workers=workers, worker_timeout_s=1.5)
         start = time.monotonic()
