@@ -1,14 +1,16 @@
-"""A run's directory and its checkpoints: where a run writes, what resuming loads, and
-turning a checkpoint that does not fit the run into an error that names the setting."""
+"""A run's directory and its checkpoints: where a run writes (locked for its one owner),
+what resuming loads, and turning a checkpoint that does not fit the run into an error that
+names the setting."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distrl import checkpoint, distributed
+from distrl import checkpoint, distributed, run_lock
 from distrl.config import ConfigError
 from distrl.learner import Learner
 from distrl.run_settings import RunSettings
@@ -16,13 +18,15 @@ from distrl.run_settings import RunSettings
 CHECKPOINT_FORMAT = 1
 
 
-def make_run_dir(settings: RunSettings, agent_name: str
+def make_run_dir(settings: RunSettings, agent_name: str, owner: contextlib.ExitStack
                  ) -> tuple[Path, checkpoint.Checkpoint | None]:
-    """The run directory and, when resuming, the checkpoint loaded from it."""
+    """The run directory, locked for this run until ``owner`` closes (a directory another
+    live run holds is a ConfigError), and, when resuming, the checkpoint loaded from it."""
     if settings.resume:
+        newest = checkpoint.resolve(settings.resume)
+        run_dir = newest.parent.parent if newest.parent.name == "checkpoints" else newest.parent
+        owner.enter_context(run_lock.take(run_dir, "resume"))
         state = checkpoint.load(settings.resume)
-        path = state.path
-        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         if state.get("agent") != agent_name:
             raise checkpoint.CheckpointError(
                 f"resume: checkpoint '{state.path}' is from agent {state.get('agent')!r}, "
@@ -34,6 +38,7 @@ def make_run_dir(settings: RunSettings, agent_name: str
         f"{time.strftime('%Y%m%d-%H%M%S')}"
     )
     run_dir = Path(settings.log.dir) / name
+    owner.enter_context(run_lock.take(run_dir, "log.name"))
     if checkpoint.list_checkpoints(run_dir / "checkpoints"):
         raise ConfigError(
             f"log.name: run directory '{run_dir}' already holds checkpoints; "
@@ -42,14 +47,16 @@ def make_run_dir(settings: RunSettings, agent_name: str
     return run_dir, None
 
 
-def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None
+def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None,
+                      owner: contextlib.ExitStack
                       ) -> tuple[Path, checkpoint.Checkpoint | None]:
-    """:func:`make_run_dir` on rank 0, the same directory on every other rank, which
-    loads the checkpoint file rank 0 chose (rank 0 may have skipped a damaged newest one);
-    a checkpoint written by another number of learner ranks is refused."""
+    """:func:`make_run_dir` on rank 0 (which holds the lock until ``owner`` closes), the
+    same directory on every other rank, which loads the checkpoint file rank 0 chose
+    (rank 0 may have skipped a damaged newest one); a checkpoint written by another
+    number of learner ranks is refused."""
     resumed: checkpoint.Checkpoint | None = None
     if ranks is None or ranks.is_main:
-        run_dir, resumed = make_run_dir(settings, agent_name)
+        run_dir, resumed = make_run_dir(settings, agent_name, owner)
         chosen = (str(run_dir), str(resumed.path) if resumed is not None else None)
     else:
         chosen = ("", None)
