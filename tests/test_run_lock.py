@@ -115,6 +115,22 @@ def test_a_lock_left_by_a_sigkilled_process_does_not_block(tmp_path: Path) -> No
         assert json.loads((run_dir / "distrl.lock").read_text())["pid"] == os.getpid()
 
 
+def test_a_run_that_fails_after_taking_the_lock_releases_it(tmp_path: Path) -> None:
+    """The lock lives as long as the run function: an error raised after the run
+    directory was made (here: too few slots) releases it, in the same process."""
+    from presets import compose_run
+
+    from agents import impala
+
+    cfg = compose_run(tmp_path, "run", "agent=impala", "env=CartPole", "distributed.actors=0",
+                      "distributed.slots=1")
+    with pytest.raises(ConfigError, match=r"^distributed\.slots \(1\) must be at least"):
+        impala.run(cfg)
+    assert not (tmp_path / "run").exists()  # lock file and the empty directory removed
+    with run_lock.take(tmp_path / "run"):
+        pass
+
+
 # A serial CartPole run; the first run's frames keep it going for ~20-40 s on 2 cores,
 # long past the second run's start-up.
 TINY_RUN = ("agent=impala", "env=CartPole", "distributed.actors=0", "agent.batch_size=32",
