@@ -4,6 +4,7 @@ the model (identical on every rank), the optimizer, the learner and the logger."
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,11 +146,12 @@ class LearnerRank:
 def start_learner_rank(settings: RunSettings, ranks: distributed.RankInfo | None,
                        agent_name: str, agent_device: str,
                        make_model: Callable[[tuple[int, ...], int], nn.Module],
-                       seed: int) -> LearnerRank:
-    """Run directory (rank 0 makes it or loads the checkpoint to resume), seeds from
+                       seed: int, owner: contextlib.ExitStack) -> LearnerRank:
+    """Run directory (rank 0 makes it or loads the checkpoint to resume, and holds its lock
+    until ``owner`` closes), seeds from
     ``seed``, the env's shape, the device ``agent.device`` names, the torch threads, and
     the model, broadcast from rank 0 so every rank starts from the same weights."""
-    run_dir, resumed = run_dir_for_ranks(settings, agent_name, ranks)
+    run_dir, resumed = run_dir_for_ranks(settings, agent_name, ranks, owner)
     seed_everything(seed)
     env = probe_env(settings)
     device = resolve_device(agent_device, ranks.local_rank if ranks is not None else None)

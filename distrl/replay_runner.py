@@ -75,7 +75,9 @@ def train_replay_agent(
     try:
         if ranks is not None and not ranks.is_learner:
             return serve_replay_actor_rank(parts, settings, source, ranks)
-        return _train(parts, settings, should_stop, progress, source, kernel_line, ranks)
+        with contextlib.ExitStack() as run_scope:  # holds the run directory's lock
+            return _train(parts, settings, should_stop, progress, source, kernel_line, ranks,
+                          run_scope)
     finally:
         if ranks is not None:
             distributed.shutdown()
@@ -84,13 +86,14 @@ def train_replay_agent(
 def _train(parts: ReplayAgentParts, settings: RunSettings,
            should_stop: Callable[[int], bool] | None,
            progress: Callable[[int, int], None] | None, source: ReplaySourceFactory,
-           kernel_line: str, ranks: distributed.RankInfo | None) -> dict[str, Any]:
+           kernel_line: str, ranks: distributed.RankInfo | None,
+           run_scope: contextlib.ExitStack) -> dict[str, Any]:
     """A learner rank: build the replay, source and learner, resume, run the loop, evaluate."""
     dist = settings.distributed
     replay_ratio = parts.replay_ratio or (1.0 if dist.actors == 0 else 0.0)
     rank_settings = settings_for_rank(settings, ranks)
     rank = start_learner_rank(settings, ranks, parts.name, parts.device, parts.make_model,
-                              rank_settings.seed)
+                              rank_settings.seed, run_scope)
     env, model, resumed, world = rank.env, rank.model, rank.resumed, rank.world
     # Under torchrun each rank keeps its replay, counters and random streams in its own
     # shard file beside rank 0's checkpoint; alone, they are part of the checkpoint.

@@ -1,14 +1,16 @@
-"""A run's directory and its checkpoints: where a run writes, what resuming loads, and
-turning a checkpoint that does not fit the run into an error that names the setting."""
+"""A run's directory and its checkpoints: where a run writes (locked for its one owner),
+what resuming loads, and turning a checkpoint that does not fit the run into an error that
+names the setting."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distrl import checkpoint, distributed
+from distrl import checkpoint, distributed, run_lock
 from distrl.config import ConfigError
 from distrl.learner import Learner
 from distrl.run_settings import RunSettings
@@ -16,15 +18,18 @@ from distrl.run_settings import RunSettings
 CHECKPOINT_FORMAT = 1
 
 
-def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str, Any] | None]:
-    """The run directory and, when resuming, the checkpoint loaded from it."""
+def make_run_dir(settings: RunSettings, agent_name: str, owner: contextlib.ExitStack
+                 ) -> tuple[Path, checkpoint.Checkpoint | None]:
+    """The run directory, locked for this run until ``owner`` closes (a directory another
+    live run holds is a ConfigError), and, when resuming, the checkpoint loaded from it."""
     if settings.resume:
+        newest = checkpoint.resolve(settings.resume)
+        run_dir = newest.parent.parent if newest.parent.name == "checkpoints" else newest.parent
+        owner.enter_context(run_lock.take(run_dir, "resume"))
         state = checkpoint.load(settings.resume)
-        path = checkpoint.resolve(settings.resume)
-        run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         if state.get("agent") != agent_name:
             raise checkpoint.CheckpointError(
-                f"resume: checkpoint '{path}' is from agent {state.get('agent')!r}, "
+                f"resume: checkpoint '{state.path}' is from agent {state.get('agent')!r}, "
                 f"not {agent_name!r}"
             )
         return run_dir, state
@@ -33,6 +38,7 @@ def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str
         f"{time.strftime('%Y%m%d-%H%M%S')}"
     )
     run_dir = Path(settings.log.dir) / name
+    owner.enter_context(run_lock.take(run_dir, "log.name"))
     if checkpoint.list_checkpoints(run_dir / "checkpoints"):
         raise ConfigError(
             f"log.name: run directory '{run_dir}' already holds checkpoints; "
@@ -41,23 +47,30 @@ def make_run_dir(settings: RunSettings, agent_name: str) -> tuple[Path, dict[str
     return run_dir, None
 
 
-def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None
-                      ) -> tuple[Path, dict[str, Any] | None]:
-    """:func:`make_run_dir` on rank 0, the same directory on every other rank (each rank
-    loads the checkpoint it resumes from itself); a checkpoint written by another number
-    of learner ranks is refused."""
+def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None,
+                      owner: contextlib.ExitStack
+                      ) -> tuple[Path, checkpoint.Checkpoint | None]:
+    """:func:`make_run_dir` on rank 0 (which holds the lock until ``owner`` closes), the
+    same directory on every other rank, which loads the checkpoint file rank 0 chose
+    (rank 0 may have skipped a damaged newest one); a checkpoint written by another
+    number of learner ranks is refused."""
+    resumed: checkpoint.Checkpoint | None = None
     if ranks is None or ranks.is_main:
-        run_dir, resumed = make_run_dir(settings, agent_name)
+        run_dir, resumed = make_run_dir(settings, agent_name, owner)
+        chosen = (str(run_dir), str(resumed.path) if resumed is not None else None)
     else:
-        resumed = checkpoint.load(settings.resume) if settings.resume else None
-        run_dir = None
-    run_dir = Path(str(distributed.from_rank_0(str(run_dir), ranks)))
+        chosen = ("", None)
+    run_dir_name, resumed_path = distributed.from_rank_0(chosen, ranks)
+    run_dir = Path(run_dir_name)
+    if resumed is None and resumed_path is not None:
+        resumed = checkpoint.load(resumed_path)
     world = ranks.learners if ranks is not None else 1
     if resumed is not None and resumed.get("world_size", 1) != world:
         raise checkpoint.CheckpointError(
-            f"resume: checkpoint '{settings.resume}' was written by {resumed.get('world_size', 1)}"
-            f" learner rank(s), this run has {world}; relaunch with the same "
-            "torchrun --nproc_per_node/--nnodes (replay shards and batches are per rank)")
+            f"resume: checkpoint '{resumed.path}' was written by "
+            f"{resumed.get('world_size', 1)} learner rank(s), this run has {world}; relaunch "
+            "with the same torchrun --nproc_per_node/--nnodes (replay shards and batches are "
+            "per rank)")
     return run_dir, resumed
 
 
@@ -84,11 +97,12 @@ def restore_learner(learner: Learner, state: dict[str, Any], optimizer_name: str
         ) from None
 
 
-def final_checkpoint(settings: RunSettings, resumed: dict[str, Any] | None, updates: int,
+def final_checkpoint(settings: RunSettings, resumed: checkpoint.Checkpoint | None, updates: int,
                      save: Callable[[], Path], announce: bool = True) -> Path:
-    """Write the last checkpoint, unless a resumed run did no update (then leave it as is)."""
+    """Write the last checkpoint, unless a resumed run did no update (then leave the one it
+    resumed from as is)."""
     if resumed is not None and updates == resumed["learner"]["updates"]:
-        final = checkpoint.resolve(settings.resume)
+        final = resumed.path
     else:
         final = save()
     if announce:

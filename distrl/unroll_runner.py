@@ -126,7 +126,8 @@ def train_unroll_agent(
     try:
         if ranks is not None and not ranks.is_learner:
             return serve_unroll_actor_rank(parts, settings, source, ranks)
-        return _train(parts, settings, should_stop, source, kernel_line, ranks)
+        with contextlib.ExitStack() as run_scope:  # holds the run directory's lock
+            return _train(parts, settings, should_stop, source, kernel_line, ranks, run_scope)
     finally:
         if ranks is not None:
             distributed.shutdown()
@@ -134,12 +135,13 @@ def train_unroll_agent(
 
 def _train(parts: UnrollAgentParts, settings: RunSettings,
            should_stop: Callable[[int], bool] | None, source: UnrollSourceFactory,
-           kernel_line: str, ranks: distributed.RankInfo | None) -> dict[str, Any]:
+           kernel_line: str, ranks: distributed.RankInfo | None,
+           run_scope: contextlib.ExitStack) -> dict[str, Any]:
     """A learner rank: build the slots, source and learner, resume, run the loop, evaluate."""
     dist = settings.distributed
     per_group = settings.envs_per_group
     rank = start_learner_rank(settings, ranks, parts.name, parts.device, parts.make_model,
-                              settings.seed)
+                              settings.seed, run_scope)
     env, model, resumed = rank.env, rank.model, rank.resumed
     # Every rank trains on its own batch each update: the frames of all ranks' batches.
     frames_per_update = parts.unroll_length * parts.batch_size * env.frames_per_step * rank.world
