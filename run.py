@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 import agents
 from distrl.checkpoint import CheckpointError
 from distrl.config import ConfigError, register_configs
+from distrl.resume_settings import settings_of_run
 
 register_configs()
 agents.register_configs()
@@ -23,7 +24,7 @@ def to_run_config(cfg: DictConfig) -> object:
 @hydra.main(version_base="1.3", config_path="experiments", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
-        run_cfg = to_run_config(cfg)
+        run_cfg = to_run_config(settings_of_run(cfg))  # resume: the checkpoint's settings
         agents.get(run_cfg.agent.name).run(run_cfg)
     except (ConfigError, CheckpointError) as error:
         print(f"distrl: error: {error}", file=sys.stderr, flush=True)

@@ -333,6 +333,9 @@ class RunConfig:
     seed: int = 0
     total_frames: int = 200_000_000  # IMPALA's Atari budget; env frames (agent steps x frame_skip)
     resume: Optional[str] = None  # path of a checkpoint (or a run directory) to continue from
+    # On resume the checkpoint's settings are the run's; the command line may change only the
+    # settings named here, e.g. [total_frames, agent.optimizer.lr] (distrl.resume_settings).
+    resume_overrides: list[str] = field(default_factory=list)
     # V-trace and sum-tree ops: compiled distrl._C where built (auto), only compiled
     # (refused if missing), or the pure-torch reference; the run logs which path it took.
     kernel: str = "auto"
@@ -345,6 +348,14 @@ class RunConfig:
         check_positive("total_frames", self.total_frames)
         check_non_negative("seed", self.seed)
         check_choice("kernel", self.kernel, KERNELS)
+        for name in self.resume_overrides:
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"resume_overrides must list settings by their dotted "
+                                  f"path, e.g. [total_frames]; got {name!r}")
+        if self.resume_overrides and not self.resume:
+            raise ConfigError(
+                f"resume_overrides names {', '.join(self.resume_overrides)} but resume is not "
+                "set; it applies only when resuming (resume=<run dir or checkpoint>)")
 
 
 KERNELS = ("auto", "compiled", "reference")  # the choices of distrl.ops.KERNEL_CHOICES

@@ -40,6 +40,7 @@ from distrl.replay_sources import (
     ReplaySourceFactory,
     replay_topology,
 )
+from distrl.resume_settings import rebase_lr_schedule
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
 from distrl.run_settings import RunSettings, settings_for_rank
 
@@ -129,6 +130,7 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
                                    counters, opt.name, sharded)
                            if resumed is not None else None)
     if resumed is not None:
+        rebase_lr_schedule(learner.scheduler, opt.lr)
         experience.weights.publish(model, learner.updates)
     logger = rank.make_logger(resumed.get("frames_all_ranks", counters["frames"])
                               if resumed else None)

@@ -27,6 +27,7 @@ from distrl.learner import Learner
 from distrl.learner_rank import check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.queues import SlotPool
+from distrl.resume_settings import rebase_lr_schedule
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
 from distrl.run_settings import RunSettings, settings_for_rank
 from distrl.types import Unroll
@@ -167,6 +168,7 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt.name)
+        rebase_lr_schedule(learner.scheduler, opt.lr)
         counters.update(resumed["counters"])
         checkpoint.set_rng_state(resumed["rng"])
         experience.weights.publish(model, learner.updates)

@@ -249,7 +249,9 @@ def test_resume_with_invalid_override(run1: Path, tmp_path: Path) -> None:
 
 def test_resume_with_other_model_shape(run1: Path, tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_cli(tmp_path, f"resume={run1}", "agent.model.hidden_size=64")
+    # Named in resume_overrides, so that the checkpoint itself is what refuses it.
+    result = run_cli(tmp_path, f"resume={run1}", "agent.model.hidden_size=64",
+                     "resume_overrides=[agent.model.hidden_size]")
     assert snapshot(run1) == before
     assert_distrl_error(result, "resume", "does not fit")
 
@@ -257,7 +259,8 @@ def test_resume_with_other_model_shape(run1: Path, tmp_path: Path) -> None:
 def test_resume_with_other_optimizer(run1: Path, tmp_path: Path) -> None:
     before = snapshot(run1)
     # More frames than the run has done, so the resumed run would train.
-    result = run_cli(tmp_path, f"resume={run1}", "agent.optimizer.name=adam", "total_frames=5120")
+    result = run_cli(tmp_path, f"resume={run1}", "agent.optimizer.name=adam", "total_frames=5120",
+                     "resume_overrides=[agent.optimizer.name,total_frames]")
     assert snapshot(run1 / "checkpoints") == snapshot_subset(before, "checkpoints")
     assert_distrl_error(result, "resume", "optimizer")
     assert snapshot(run1) == before
