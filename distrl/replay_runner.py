@@ -145,8 +145,9 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
         feed.start(experience, logger, remote_actors)
         frames = loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                             should_stop, progress)
-        final = final_checkpoint(settings, resumed, learner.updates,
-                                 lambda: save_checkpoint(frames), announce=rank.main)
+        with loop.checkpointing():
+            final = final_checkpoint(settings, resumed, learner.updates,
+                                     lambda: save_checkpoint(frames), announce=rank.main)
         return {
             **_evaluate(parts, rank, logger, frames), "frames": frames,
             "updates": learner.updates, "replay_size": len(replay),

@@ -195,8 +195,9 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
         feed.start(logger, remote_actors)
         loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                    should_stop)
-        final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
-                 if rank.main else "")
+        with loop.checkpointing():
+            final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+                     if rank.main else "")
         evaluation = evaluate_final_policy(
             settings.evaluation, settings.env, settings.seed,
             lambda: parts.make_policy(frozen_cpu_copy(model)), logger, counters["frames"],
