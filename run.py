@@ -1,13 +1,28 @@
-"""Train an agent: ``python run.py agent=impala env=Pong`` (Hydra; ``-m seed=0,1,2`` sweeps)."""
+"""Train an agent: ``python run.py agent=impala env=Pong`` (Hydra; ``-m seed=0,1,2`` sweeps).
+
+Exit codes: 0 the run finished (its frame budget spent, or ``stop_at_return`` reached);
+130 / 143 (128 + the signal) a SIGINT / SIGTERM stopped it, after its final checkpoint;
+1 it failed (an unexpected error, with its traceback); 2 bad input: a setting, the
+command line, a checkpoint, or a size this machine cannot hold, told in one line
+``distrl: error: ...``. Under ``-m`` a job that exits 2, 130 or 143 ends the sweep
+with that code; after a job that failed, Hydra runs the remaining jobs, then exits 1
+with the failure's traceback.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
+import traceback
+from typing import Any
 
 import hydra
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 import agents
+from distrl import loop
 from distrl.checkpoint import CheckpointError
 from distrl.config import ConfigError, register_configs
 from distrl.resume_settings import settings_of_run
@@ -15,21 +30,97 @@ from distrl.resume_settings import settings_of_run
 register_configs()
 agents.register_configs()
 
+EXIT_FINISHED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+BAD_INPUT = (ConfigError, CheckpointError)
+COMMAND_LINE_ERRORS = (HydraException, OmegaConfBaseException)  # raised by Hydra's compose
+
 
 def to_run_config(cfg: DictConfig) -> object:
     """Instantiate the typed dataclasses, which validates every field."""
     return OmegaConf.to_object(cfg)
 
 
-@hydra.main(version_base="1.3", config_path="experiments", config_name="config")
-def main(cfg: DictConfig) -> None:
+def format_error(error: BaseException) -> str:
+    """One line, ``distrl: error: ...``, for a bad setting, checkpoint or command line.
+
+    Hydra's own messages span several lines (the override, then OmegaConf's cause with
+    its ``full_key`` and types, then the config search path); their first lines, which
+    name the field, are kept and joined.
+    """
+    if isinstance(error, MissingConfigException):
+        options = [o for o in error.options or () if not o.endswith("_schema")]
+        text = _first_line(error) + (f"; available options: {', '.join(options)}"
+                                     if options else "")
+    elif isinstance(error, OverrideParseException):
+        text = f"cannot parse the override {error.override!r}: {_first_line(error)}"
+    elif isinstance(error, HydraException) and isinstance(error.__cause__,
+                                                           OmegaConfBaseException):
+        text = f"{_first_line(error).rstrip('.')}: {_first_line(error.__cause__)}"
+    else:
+        text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"distrl: error: {text or type(error).__name__}"
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
+def run(cfg: DictConfig) -> int:
+    """Validate ``cfg``, train its agent and return the process's exit code; bad input is
+    reported on stderr in one line. An unexpected error propagates with its traceback."""
     try:
         run_cfg = to_run_config(settings_of_run(cfg))  # resume: the checkpoint's settings
         agents.get(run_cfg.agent.name).run(run_cfg)
-    except (ConfigError, CheckpointError) as error:
-        print(f"distrl: error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    except BAD_INPUT as error:
+        print(format_error(error), file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # a second signal, or one before training started
+        return 128 + (loop.stop_signal() or signal.SIGINT)
+    stopped_by = loop.stop_signal()
+    return EXIT_FINISHED if stopped_by is None else 128 + stopped_by
+
+
+@hydra.main(version_base="1.3", config_path="experiments", config_name="config")
+def main(cfg: DictConfig) -> None:
+    code = run(cfg)
+    if code != EXIT_FINISHED:
+        sys.exit(code)
+
+
+def _raised_by_the_task(error: BaseException) -> bool:
+    """Whether ``error`` came out of a job that :func:`main` ran (rather than out of
+    Hydra parsing the command line and composing the config)."""
+    return any(frame.f_code is main.__wrapped__.__code__
+               for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def report_command_line_errors_in_one_line() -> None:
+    """Make Hydra's command-line errors (an unknown key or config group, a value of the
+    wrong type, an unparsable override) one ``distrl: error:`` line and exit 2, like every
+    other bad input; Hydra itself prints several lines and exits 1.
+
+    Hydra reports them in ``hydra._internal.utils.run_and_report``, which runs the whole
+    command; it is wrapped here so that such an error is formatted first. Errors raised by
+    a job itself keep Hydra's report (and traceback).
+    """
+    from hydra._internal import utils as hydra_utils
+
+    hydra_report = hydra_utils.run_and_report
+
+    def run_and_report(func: Any) -> Any:
+        def one_line_command_line_errors() -> Any:
+            try:
+                return func()
+            except COMMAND_LINE_ERRORS as error:
+                if _raised_by_the_task(error):
+                    raise
+                print(format_error(error), file=sys.stderr, flush=True)
+                sys.exit(EXIT_BAD_INPUT)
+        return hydra_report(one_line_command_line_errors)
+
+    hydra_utils.run_and_report = run_and_report
 
 
 if __name__ == "__main__":
+    report_command_line_errors_in_one_line()
     main()

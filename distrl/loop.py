@@ -10,9 +10,10 @@ are told each update's new priorities (:class:`distrl.replay_learner.ReplayFeed`
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,12 +51,35 @@ class Feed(Protocol):
         """At each report: scalars to log, and figures for the printed line."""
 
 
-class StopFlag:
-    """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits."""
+_stop_signal: int | None = None  # the signal that stopped this process's latest run
 
-    def __init__(self) -> None:
-        self.requested = False
+
+def stop_signal() -> int | None:
+    """The signal (SIGINT or SIGTERM) that stopped this process's latest run, None if none
+    did (``run.py`` exits ``128 + signal``)."""
+    return _stop_signal
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits.
+
+    A second signal means "now" (KeyboardInterrupt), except while a checkpoint is being
+    written (:meth:`checkpointing`): then it waits until the file is on disk, so the
+    checkpoint of the first signal is never lost.
+
+    Args:
+        new_run: forget the signal that stopped this process's previous run; False for a
+            flag that only guards a checkpoint written after :func:`train` returned.
+    """
+
+    def __init__(self, new_run: bool = True) -> None:
+        global _stop_signal
+        if new_run:
+            _stop_signal = None
+        self.requested = _stop_signal is not None
         self._previous: dict[int, Any] = {}
+        self._writing = 0  # checkpoints being written (nested blocks count)
+        self._deferred: int | None = None  # a second signal that came during a write
 
     def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -66,14 +90,42 @@ class StopFlag:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # a second Ctrl-C means now
+        global _stop_signal
+        if self.requested:  # a second Ctrl-C means now, once no checkpoint is half-written
+            if self._writing:
+                self._deferred = signum
+                print(f"[distrl] received signal {signum} again: stopping once the "
+                      "checkpoint is written", flush=True)
+                return
             raise KeyboardInterrupt
         self.requested = True
+        _stop_signal = signum
         print(f"[distrl] received signal {signum}: checkpointing and stopping", flush=True)
+
+    @contextlib.contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        """Hold a second signal back until the checkpoint written inside is complete."""
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if self._deferred is not None and not self._writing:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def checkpointing() -> Iterator[None]:
+    """For a checkpoint written after :func:`train` returned (the final one): SIGINT and
+    SIGTERM are caught while it is written, so neither can abort it half-way; a first
+    signal stops the run after it (exit 128 + signal), a second ends the run as soon as
+    the file is on disk."""
+    with StopFlag(new_run=False) as flag, flag.checkpointing():
+        yield
 
 
 def recent_mean_20(logger: MetricLogger) -> float:
@@ -173,7 +225,8 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
                 last_report = _report(logger, feed, learner, frames, last_report,
                                       agreement.mean_return_20, ranks)
             if agreement.checkpoint:
-                save_checkpoint(frames)
+                with signals.checkpointing():
+                    save_checkpoint(frames)
                 last_checkpoint = time.monotonic()
             if stop_now:
                 break

@@ -13,12 +13,14 @@ from typing import Any, Optional
 
 import torch
 
-from distrl import checkpoint, loop, remote
+from distrl import checkpoint, loop, memory, remote
 from distrl.agent_parts import ReplayAgentParts, ReplayBatch
 from distrl.learner import pin_for
 from distrl.logging import MetricLogger
 from distrl.replay.buffer import ReplayBuffer
-from distrl.replay.samplers import PrioritizedSampler
+from distrl.replay.samplers import PRIORITY_DTYPE, PrioritizedSampler
+from distrl.replay.sequence_writer import flatten_state
+from distrl.replay.sum_tree import tree_nbytes
 from distrl.replay_sources import ReplayTopology
 from distrl.types import SampleBatch, SequenceSample
 
@@ -68,15 +70,60 @@ class Prefetcher:
         self._executor.shutdown(wait=True)
 
 
+def capacity_setting(parts: ReplayAgentParts) -> str:
+    """The command-line name of the replay's capacity (SEED-R2D2 nests R2D2's settings
+    under ``agent.r2d2``)."""
+    return "agent.r2d2.replay_capacity" if parts.name == "seed" else "agent.replay_capacity"
+
+
+def recurrent_state_size(parts: ReplayAgentParts, model: torch.nn.Module) -> int:
+    """Values of one flattened recurrent state of the agent's policy (0: feed-forward)."""
+    policy = parts.make_policy(model, torch.zeros(1))
+    return flatten_state(policy.initial_state(1), 1).shape[1]
+
+
+def replay_nbytes(parts: ReplayAgentParts, capacity: int, frame_shape: tuple[int, ...],
+                  frame_dtype: torch.dtype, frame_stack: Optional[int], envs_per_writer: int,
+                  state_size: int) -> int:
+    """Bytes the replay holds when full: every tensor its storage preallocates, counted by
+    building the storage on the meta device (which allocates nothing), and the sum tree."""
+    with torch.device("meta"):
+        storage = parts.experience.make_storage(capacity, frame_shape, frame_dtype,
+                                                frame_stack, envs_per_writer, parts.actor_buffer,
+                                                state_size)
+    return storage.nbytes() + tree_nbytes(capacity, PRIORITY_DTYPE)
+
+
 def make_replay(parts: ReplayAgentParts, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
-                frame_stack: Optional[int], kernel: str, envs_per_writer: int) -> ReplayBuffer:
-    """The prioritized replay: frames stored once, priorities in the sum tree."""
+                frame_stack: Optional[int], kernel: str, envs_per_writer: int,
+                state_size: int = 0) -> ReplayBuffer:
+    """The prioritized replay: frames stored once, priorities in the sum tree.
+
+    Refused (ConfigError naming the capacity setting and the largest capacity that fits)
+    when it would not fit in the machine's available memory once full: torch commits the
+    pages of a large ring only as it fills, so without this check such a run starts and
+    is killed hours later. An allocation that fails anyway is one ConfigError too.
+    """
     r = parts.replay
-    storage = parts.experience.make_storage(r.capacity, frame_shape, frame_dtype, frame_stack,
-                                            envs_per_writer, parts.actor_buffer)
-    sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
-                                 beta_final=r.beta_final, beta_steps=r.beta_steps,
-                                 epsilon=r.epsilon, kernel=kernel)
+    setting = capacity_setting(parts)
+
+    def nbytes_for(capacity: int) -> int:
+        return replay_nbytes(parts, capacity, frame_shape, frame_dtype, frame_stack,
+                             envs_per_writer, state_size)
+
+    available = memory.available_bytes()
+    if available is None:
+        print(f"[distrl] {memory.MEMINFO} gives no MemAvailable: the replay's size is not "
+              "checked against this machine's memory", flush=True)
+    memory.check_fits(setting, r.capacity, nbytes_for, available)
+    with memory.allocating("the replay", f"{setting}={r.capacity}", nbytes_for(r.capacity),
+                           f"lower {setting}"):
+        storage = parts.experience.make_storage(r.capacity, frame_shape, frame_dtype,
+                                                frame_stack, envs_per_writer, parts.actor_buffer,
+                                                state_size)
+        sampler = PrioritizedSampler(r.capacity, alpha=r.alpha, beta=r.beta,
+                                     beta_final=r.beta_final, beta_steps=r.beta_steps,
+                                     epsilon=r.epsilon, kernel=kernel)
     return ReplayBuffer(storage, sampler)
 
 

@@ -33,7 +33,13 @@ from distrl.learner import Learner
 from distrl.learner_rank import LearnerRank, check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.replay.buffer import ReplayBuffer
-from distrl.replay_learner import Prefetcher, ReplayFeed, load_shard_replay, make_replay
+from distrl.replay_learner import (
+    Prefetcher,
+    ReplayFeed,
+    load_shard_replay,
+    make_replay,
+    recurrent_state_size,
+)
 from distrl.replay_sources import (
     ReplayActorSource,
     ReplaySourceContext,
@@ -105,7 +111,8 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
     frame_budget = math.ceil(settings.total_frames / world)  # this rank's share
     loss = parts.make_loss(model)
     replay = make_replay(parts, topology.frame_shape, env.obs_dtype, topology.frame_stack,
-                         settings.kernel, settings.envs_per_group)
+                         settings.kernel, settings.envs_per_group,
+                         recurrent_state_size(parts, model))
     generator = torch.Generator().manual_seed(rank_settings.seed)
     prefetcher = Prefetcher(replay, parts.batch_size, generator, rank.device)
     counters = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
@@ -150,8 +157,9 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
         feed.start(experience, logger, remote_actors)
         frames = loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                             should_stop, progress)
-        final = final_checkpoint(settings, resumed, learner.updates,
-                                 lambda: save_checkpoint(frames), announce=rank.main)
+        with loop.checkpointing():
+            final = final_checkpoint(settings, resumed, learner.updates,
+                                     lambda: save_checkpoint(frames), announce=rank.main)
         return {
             **_evaluate(parts, rank, logger, frames), "frames": frames,
             "updates": learner.updates, "replay_size": len(replay),

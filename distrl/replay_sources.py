@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from distrl import distributed
+from distrl import distributed, memory
 from distrl.actor import Actor, ActorStats, EnvGroup, TransitionSink, acquire_slot
 from distrl.actor_processes import ActorProcesses, restart_seed, supervised_actors
 from distrl.agent_parts import ReplayAgentParts, ReplayBatch
@@ -56,7 +56,12 @@ class BatchSlots:
         specs["frames"] = FieldSpec((self.max_frames, *frame_shape), frame_dtype)
         specs["priorities"] = FieldSpec((self.max_items,), torch.float32)
         specs["scalars"] = FieldSpec((2 + len(self.int_fields),), torch.int64)  # K, M, ints
-        self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
+        with memory.allocating(
+                "the actors' batch slots", f"{num_slots} slots (distributed.slots) of "
+                f"{self.max_items} items and {self.max_frames} frames: agent.actor_buffer="
+                f"{flush_steps} steps x {num_envs} envs", memory.slots_nbytes(specs, num_slots),
+                "lower distributed.slots, agent.actor_buffer or distributed.envs_per_actor"):
+            self.pool = SlotPool(specs, num_slots, mp_context=mp_context)
 
     def write(self, batch: ReplayBatch, priorities: torch.Tensor,
               should_stop: Callable[[], bool], stats: ActorStats, producer: int = -1) -> None:

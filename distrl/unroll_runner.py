@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from distrl import checkpoint, distributed, loop, remote
+from distrl import checkpoint, distributed, loop, memory, remote
 from distrl.actor_ranks import serve_unroll_actor_rank
 from distrl.agent_parts import UnrollAgentParts
 from distrl.config import ConfigError
@@ -157,7 +157,12 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
         )
     ctx = mp.get_context("spawn") if dist.actors > 0 else None
     specs = unroll_specs(parts, model, env.obs_shape, env.obs_dtype, env.num_actions, per_group)
-    pool = SlotPool(specs, num_slots, mp_context=ctx)
+    with memory.allocating(
+            "the unroll slots", f"{num_slots} slots (distributed.slots) of "
+            f"agent.unroll_length={parts.unroll_length} steps x {per_group} envs",
+            memory.slots_nbytes(specs, num_slots),
+            "lower distributed.slots, agent.unroll_length or distributed.envs_per_actor"):
+        pool = SlotPool(specs, num_slots, mp_context=ctx)
     experience = source(UnrollSourceContext(parts, settings_for_rank(settings, ranks), model,
                                             env.obs_shape, env.num_actions,
                                             env.frames_per_step, pool, per_group))
@@ -199,8 +204,9 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
         feed.start(logger, remote_actors)
         loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                    should_stop)
-        final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
-                 if rank.main else "")
+        with loop.checkpointing():
+            final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+                     if rank.main else "")
         evaluation = evaluate_final_policy(
             settings.evaluation, settings.env, settings.seed,
             lambda: parts.make_policy(frozen_cpu_copy(model)), logger, counters["frames"],

@@ -1,101 +1,296 @@
-"""End-to-end bad-input tests of ``python run.py``: a clear error, a non-zero exit, no damage.
+"""``python run.py``: bad input is one ``distrl: error:`` line and exit 2, with no
+traceback and no damage; a finished run exits 0, one stopped by SIGINT / SIGTERM 130 /
+143 after its final checkpoint, one that fails 1 with its traceback.
 
-Each case launches the real command line in a subprocess (Hydra and all) and checks
-that it exits non-zero before training, that its output names the field and what the
-field allows, that our own errors are one ``distrl: error:`` line with no traceback, and
-that the checkpoints of an existing run are left byte-for-byte as they were. Every run
-writes under ``tmp_path`` only (``log.dir`` and ``hydra.run.dir``).
+Most bad-input cases run in this process, through what ``python run.py`` runs: Hydra
+composes the config from the same overrides (its errors formatted by run.py's
+``format_error``, as run.py's hook formats them) and ``run.run(cfg)`` returns the exit
+code. A few cases launch the real command line in a subprocess (Hydra's hook, the
+process's exit code, signals). Every run writes under ``tmp_path`` only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import run as run_py
+from distrl import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # A serial CartPole run that does 4 updates (4 x 20 steps x 32 envs = 2,560 frames) in seconds.
-TINY_RUN = (
-    "agent=impala", "env=CartPole", "total_frames=2560", "distributed.actors=0",
-    "agent.batch_size=32", "agent.unroll_length=20", "distributed.envs_per_actor=32",
-    "distributed.env_groups=1",
-)
-ERROR_TIMEOUT_S = 90  # an error case fails in ~3 s; a case that wrongly trains stops here
+COMMON = ("env=CartPole", "total_frames=2560", "distributed.actors=0",
+          "distributed.envs_per_actor=32", "distributed.env_groups=1")
+TINY_RUN = ("agent=impala", *COMMON, "agent.batch_size=32", "agent.unroll_length=20")
+ERROR_TIMEOUT_S = 90  # an error case fails in ~4 s; a case that wrongly trains stops here
 TRAIN_TIMEOUT_S = 180
 STARTED = "[distrl] run_dir="  # printed once the run has started
 
 
-def run_cli(
-    tmp_path: Path, *overrides: str, log_dir: Path | None = None, timeout: float = ERROR_TIMEOUT_S
-) -> subprocess.CompletedProcess[str]:
-    """``python run.py`` with the tiny run's settings, then ``overrides`` (the last one wins)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    command = [
-        sys.executable, "run.py", *TINY_RUN,
-        f"log.dir={log_dir or tmp_path / 'runs'}", f"hydra.run.dir={tmp_path / 'hydra'}",
-        *overrides,
-    ]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def command_line(log_dir: Path, overrides: tuple[str, ...]) -> list[str]:
+    """The tiny run's settings for the agent ``overrides`` starts with (``agent=...``,
+    else IMPALA), ``log.dir``, then ``overrides`` (the last one wins)."""
+    if overrides and overrides[0].startswith("agent="):
+        return [overrides[0], *COMMON, f"log.dir={log_dir}", *overrides[1:]]
+    return [*TINY_RUN, f"log.dir={log_dir}", *overrides]
 
 
-def assert_distrl_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """A non-zero exit before training, and stderr exactly one error line holding ``needles``."""
+def cli_command(tmp_path: Path, *overrides: str) -> list[str]:
+    """``python run.py`` with :func:`command_line`, writing under ``tmp_path`` only."""
+    return [sys.executable, "run.py", *command_line(tmp_path / "runs", overrides),
+            f"hydra.run.dir={tmp_path / 'hydra'}"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return {**environment, **extra}
+
+
+def run_cli(tmp_path: Path, *overrides: str, timeout: float = ERROR_TIMEOUT_S,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python run.py`` (see :func:`cli_command`) in a subprocess."""
+    return subprocess.run(cli_command(tmp_path, *overrides), cwd=REPO, env=cli_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], log_dir: Path, *overrides: str
+                   ) -> subprocess.CompletedProcess[str]:
+    """What ``python run.py <overrides>`` does, in this process: Hydra composes the config
+    (a bad override is formatted as run.py's hook formats it), then ``run.run``."""
+    arguments = command_line(log_dir, overrides)
+    capsys.readouterr()
+    with initialize_config_dir(config_dir=str(REPO / "experiments"), version_base="1.3"):
+        try:
+            cfg = compose("config", overrides=arguments)
+        except run_py.COMMAND_LINE_ERRORS as error:
+            print(run_py.format_error(error), file=sys.stderr, flush=True)
+            code = run_py.EXIT_BAD_INPUT
+        else:
+            code = run_py.run(cfg)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(arguments, code, out, err)
+
+
+def assert_bad_input(result: subprocess.CompletedProcess[str]) -> str:
+    """Exit 2 before training, no traceback, and stderr exactly one ``distrl: error:``
+    line, which is returned."""
     output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output, output
     assert STARTED not in result.stdout, f"the run started before failing:\n{output}"
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{result.stderr}"
     assert lines[0].startswith("distrl: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} missing from: {lines[0]}"
     return lines[0]
 
 
-def assert_hydra_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Hydra rejected the command line (exit 1, no traceback); its message holds ``needles``."""
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    assert "Traceback" not in result.stderr, result.stderr
-    assert STARTED not in result.stdout, output
+def assert_distrl_error(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """:func:`assert_bad_input`, and the line holds every one of ``needles``."""
+    line = assert_bad_input(result)
     for needle in needles:
-        assert needle in output, f"{needle!r} missing from:\n{output}"
+        assert needle in line, f"{needle!r} missing from: {line}"
+    return line
 
 
-# ---------------------------------------------------------------- config errors
+# ---------------------------------------------------------------- the real command line
+
+# Bad input given to real processes, launched together (each spends seconds importing).
+PROCESS_CASES = {
+    "unknown_key": ("agent.optimizer.lrr=1",),
+    "wrong_type": ("total_frames=abc",),
+    "unknown_agent": ("agent=nope",),
+    "bad_value": ("agent.batch_size=0",),
+    "replay_too_large": ("agent=apex", "agent.replay_capacity=1000000000000",
+                         "agent.learning_starts=100", "agent.batch_size=32"),
+}
 
 
-def test_unknown_env_id_names_field_and_examples(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "env.id=NotAnEnv-v0")
-    assert_distrl_error(result, "env.id", "'NotAnEnv-v0'", "CartPole-v1", "Atari")
-    assert not (tmp_path / "runs").exists(), "a run directory was created for a bad env id"
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """Each of PROCESS_CASES run by ``python run.py`` (all at once): result and tmp dir."""
+    running = {}
+    for name, overrides in PROCESS_CASES.items():
+        tmp = tmp_path_factory.mktemp(name)
+        command = cli_command(tmp, *overrides)
+        running[name] = (command, tmp, subprocess.Popen(
+            command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    results = {}
+    for name, (command, tmp, proc) in running.items():
+        try:
+            out, err = proc.communicate(timeout=ERROR_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        results[name] = (subprocess.CompletedProcess(command, proc.returncode, out, err), tmp)
+    return results
 
 
-def test_unknown_agent_lists_the_registered_agents(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "agent=nope")
-    assert_hydra_error(result, "'agent/nope'", "Available options in 'agent'", "impala")
+def test_unknown_config_key_is_one_line_and_exit_2(processes: dict) -> None:
+    """Hydra itself reports a bad override in five lines and exits 1; run.py's hook makes
+    it one line naming the key, like every other bad input."""
+    line = assert_bad_input(processes["unknown_key"][0])
+    assert line == ("distrl: error: Could not override 'agent.optimizer.lrr': "
+                    "Key 'lrr' not in 'OptimizerConfig'")
 
 
-def test_unknown_config_key_is_named(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "distributed.nonsense=1")
-    assert_hydra_error(result, "distributed.nonsense", "DistributedConfig")
+def test_wrong_type_is_one_line_and_exit_2(processes: dict) -> None:
+    line = assert_bad_input(processes["wrong_type"][0])
+    assert line == ("distrl: error: Error merging override total_frames=abc: Value 'abc' of "
+                    "type 'str' could not be converted to Integer")
 
 
-def test_unknown_kernel_lists_the_choices(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "kernel=fast")
-    assert_distrl_error(result, "kernel must be one of auto, compiled, reference", "'fast'")
-    assert not (tmp_path / "runs").exists()
+def test_unknown_agent_lists_the_agents_in_one_line(processes: dict) -> None:
+    line = assert_bad_input(processes["unknown_agent"][0])
+    assert line == ("distrl: error: In 'config': Could not find 'agent/nope'; available "
+                    "options: apex, impala, r2d2, seed")
 
 
-def test_wrong_type_names_field_and_type(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "distributed.actors=abc")
-    assert_hydra_error(result, "distributed.actors", "'abc'", "Integer")
+def test_bad_value_is_one_line_and_exit_2(processes: dict) -> None:
+    result, tmp = processes["bad_value"]
+    line = assert_bad_input(result)
+    assert line == "distrl: error: agent.batch_size must be a positive number, got 0"
+    assert not (tmp / "runs").exists()
+
+
+def test_replay_larger_than_available_memory_is_refused_at_start(processes: dict) -> None:
+    """10^12 CartPole transitions need ~62 TiB when full: refused before anything is
+    allocated (a ring that large would be reserved lazily and killed as it filled)."""
+    line = assert_bad_input(processes["replay_too_large"][0])
+    assert re.fullmatch(r"distrl: error: agent\.replay_capacity=1000000000000 needs 62\.1 TiB "
+                        r"when full but this machine has \d+\.\d [KMGT]iB available; the "
+                        r"largest capacity that fits is \d+", line), line
+
+
+def test_an_unexpected_error_exits_1_with_its_traceback(tmp_path: Path) -> None:
+    """A real failure (the env raises on its 30th step) is not bad input: its traceback
+    is kept for the bug report."""
+    result = run_cli(tmp_path, "env.id=DistrlCrashAfter-v0", "env.imports=[crashing_env]",
+                     env={"PYTHONPATH": str(REPO / "tests")})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" in result.stderr
+    assert "RuntimeError: DistrlCrashAfter-v0 crashed on purpose" in result.stderr
+    assert "distrl: error:" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
+        tmp_path: Path, signum: int) -> None:
+    """Once the run is training (its first report), a signal ends it with a final
+    checkpoint and exit 130 (SIGINT) or 143 (SIGTERM), not 0 like a finished run."""
+    command = cli_command(tmp_path, "total_frames=1000000000", "log.interval_s=0.2",
+                          "log.name=stopped")
+    proc = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "updates=" in line:
+                break
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=ERROR_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines) + out
+    assert proc.returncode == 128 + signum, output + err
+    assert f"[distrl] received signal {signum}: checkpointing and stopping" in output
+    assert "Traceback" not in err, err
+    final = re.findall(r"\[distrl\] checkpoint (\S+)", output)
+    assert len(final) == 1, output
+    assert Path(final[0]).parent == tmp_path / "runs" / "stopped" / "checkpoints"
+    assert checkpoint.load(final[0])["learner"]["updates"] >= 1
+
+
+# ---------------------------------------------------------------- config errors, in process
+
+
+@pytest.mark.parametrize("overrides, line", [
+    # every agent's main numeric settings out of range
+    (("agent=impala", "agent.optimizer.lr=0"),
+     "agent.optimizer.lr must be a positive number, got 0.0"),
+    (("agent=impala", "agent.discount=-0.1"), "agent.discount must lie in [0, 1], got -0.1"),
+    (("agent=impala", "agent.entropy_cost=-1"),
+     "agent.entropy_cost must be a number >= 0, got -1.0"),
+    (("agent=apex", "agent.discount=1.5"), "agent.discount must lie in [0, 1], got 1.5"),
+    (("agent=apex", "agent.batch_size=0"), "agent.batch_size must be an int >= 1, got 0"),
+    (("agent=apex", "agent.n_step=0"), "agent.n_step must be an int >= 1, got 0"),
+    (("agent=apex", "agent.epsilon_base=1.5"),
+     "agent.epsilon_base must lie in [0, 1], got 1.5"),
+    (("agent=apex", "agent.replay_capacity=100"),
+     "agent.replay_capacity (100) must be at least agent.batch_size (512)"),
+    (("agent=apex", "agent.priority_alpha=-0.5"),
+     "agent.priority_alpha must lie in [0, 1], got -0.5"),
+    (("agent=r2d2", "agent.n_step=0"), "agent.n_step must be an int >= 1, got 0"),
+    (("agent=r2d2", "agent.trace_length=0"), "agent.trace_length must be an int >= 1, got 0"),
+    (("agent=r2d2", "agent.burn_in=-1"), "agent.burn_in must be a number >= 0, got -1"),
+    (("agent=r2d2", "agent.overlap=80"),
+     "agent.overlap (80) must be less than agent.trace_length (80)"),
+    (("agent=r2d2", "agent.replay_capacity=10"),
+     "agent.replay_capacity (10) must be at least agent.batch_size (64) and "
+     "agent.learning_starts (2500)"),
+    (("agent=seed", "agent.learner=dqn"), "agent.learner must be one of impala, r2d2; got 'dqn'"),
+    (("agent=seed", "agent.worker_timeout_s=0"),
+     "agent.worker_timeout_s must be a positive number, got 0.0"),
+    # choices
+    (("agent.optimizer.name=sgd",),
+     "agent.optimizer.name must be one of rmsprop_tf, rmsprop, adam; got 'sgd'"),
+    (("agent.optimizer.lr_schedule=cosine",),
+     "agent.optimizer.lr_schedule must be one of linear, constant; got 'cosine'"),
+    (("agent.model.torso=transformer",),
+     "agent.model.torso must be one of auto, shallow, nature, resnet, minatar, mlp; "
+     "got 'transformer'"),
+    (("agent.device=tpu",), "agent.device must be one of auto, cpu, cuda, cuda:N; got 'tpu'"),
+    (("kernel=bogus",), "kernel must be one of auto, compiled, reference; got 'bogus'"),
+    (("env.protocol=atari57",), "env.protocol must be one of deepmind, machado; got 'atari57'"),
+    # env, topology, run, eval, checkpoint and log settings
+    (("env.frame_skip=0",), "env.frame_skip must be a positive number, got 0"),
+    (("distributed.actors=-1",), "distributed.actors must be a number >= 0, got -1"),
+    (("distributed.envs_per_actor=3", "distributed.env_groups=2"),
+     "distributed.envs_per_actor (3) must be a multiple of distributed.env_groups (2)"),
+    (("seed=-1",), "seed must be a number >= 0, got -1"),
+    (("eval.episodes=-1",), "eval.episodes must be a number >= 0, got -1"),
+    (("eval.epsilon=2",), "eval.epsilon must lie in [0, 1], got 2.0"),
+    (("checkpoint.keep=0",), "checkpoint.keep must be a positive number, got 0"),
+    (("checkpoint.interval_s=0",), "checkpoint.interval_s must be a positive number, got 0.0"),
+    # what Hydra refuses while composing the config
+    (("agent.optimizer.lrr=1",),
+     "Could not override 'agent.optimizer.lrr': Key 'lrr' not in 'OptimizerConfig'"),
+    (("distributed.nonsense=1",),
+     "Could not override 'distributed.nonsense': Key 'nonsense' not in 'DistributedConfig'"),
+    (("distributed.actors=abc",),
+     "Error merging override distributed.actors=abc: Value 'abc' of type 'str' could not be "
+     "converted to Integer"),
+    (("agent.optimizer.lr=null",),
+     "Error merging override agent.optimizer.lr=null: field 'agent.optimizer.lr' is not "
+     "Optional"),
+    (("env=NotAGame",),
+     "In 'config': Could not find 'env/NotAGame'; available options: CartPole, "
+     "CartPoleNoVelocity, MinAtar-Asterix, MinAtar-Breakout, MinAtar-Freeway, "
+     "MinAtar-Seaquest, MinAtar-SpaceInvaders, Pong"),
+    (("+experiment=nope",),
+     "In 'config': Could not find 'experiment/nope'; available options: apex_cartpole, "
+     "minatar_apex, minatar_impala, minatar_r2d2, minatar_seed, minatar_seed_r2d2, "
+     "r2d2_cartpole, seed_r2d2_cartpole"),
+    (("seed=[",), "cannot parse the override 'seed=[': no viable alternative at input '['"),
+])
+def test_bad_setting_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                           overrides: tuple[str, ...], line: str) -> None:
+    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    assert assert_bad_input(result) == f"distrl: error: {line}"
+    assert not (tmp_path / "runs").exists(), "a run directory was created for bad input"
 
 
 @pytest.mark.parametrize(
@@ -109,8 +304,9 @@ def test_wrong_type_names_field_and_type(tmp_path: Path) -> None:
         ("log.interval_s", "0"),
     ],
 )
-def test_non_positive_size_or_rate_names_field(tmp_path: Path, field: str, value: str) -> None:
-    result = run_cli(tmp_path, f"{field}={value}")
+def test_non_positive_size_or_rate_names_field(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path, field: str, value: str) -> None:
+    result = run_in_process(capsys, tmp_path / "runs", f"{field}={value}")
     line = assert_distrl_error(result, "must be a positive number", f"got {value}")
     assert line.startswith(f"distrl: error: {field} must"), line
     assert not (tmp_path / "runs").exists()
@@ -127,12 +323,13 @@ def test_non_positive_size_or_rate_names_field(tmp_path: Path, field: str, value
         (("agent.optimizer.max_grad_norm=nan",), "agent.optimizer.max_grad_norm", "nan"),
     ],
 )
-def test_nan_or_inf_is_refused_by_name(tmp_path: Path, overrides: tuple[str, ...], field: str,
+def test_nan_or_inf_is_refused_by_name(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                       overrides: tuple[str, ...], field: str,
                                        value: str) -> None:
     """nan passes every range check (nan <= 0 is False): without a finite check an lr of
     nan would train to garbage and exit 0."""
-    result = run_cli(tmp_path, *overrides)
-    line = assert_distrl_error(result, f"{field} must be a finite number, got {value}")
+    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    line = assert_bad_input(result)
     assert line == f"distrl: error: {field} must be a finite number, got {value}", line
     assert not (tmp_path / "runs").exists()
 
@@ -153,11 +350,60 @@ def test_every_agents_nested_float_settings_are_checked_for_nan(agent: str, pref
 
 
 @pytest.mark.parametrize("name", ["../outside", "/abs/run", "a/b", ".."])
-def test_log_name_must_stay_inside_log_dir(tmp_path: Path, name: str) -> None:
-    result = run_cli(tmp_path, f"log.name={name}", log_dir=tmp_path / "logs" / "runs")
+def test_log_name_must_stay_inside_log_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                           name: str) -> None:
+    result = run_in_process(capsys, tmp_path / "logs" / "runs", f"log.name={name}")
     assert_distrl_error(result, "log.name must be one plain directory name inside log.dir",
                         repr(name))
     assert not (tmp_path / "logs").exists() and not Path("/abs/run").exists()
+
+
+def test_unknown_env_id_names_field_and_examples(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    result = run_in_process(capsys, tmp_path / "runs", "env.id=NotAnEnv-v0")
+    assert_distrl_error(result, "env.id", "'NotAnEnv-v0'", "CartPole-v1", "Atari")
+    assert not (tmp_path / "runs").exists(), "a run directory was created for a bad env id"
+
+
+# ---------------------------------------------------------------- errors found at start
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (("agent.batch_size=33",),
+     "agent.batch_size (33) must be a multiple of the envs per group, "
+     "distributed.envs_per_actor / distributed.env_groups = 32"),
+    (("distributed.slots=1",),
+     "distributed.slots (1) must be at least one batch (1) plus one per env group (1)"),
+    (("eval.epsilon=0.1",),
+     "eval.epsilon applies to the Q-learning agents (apex, r2d2); impala is evaluated "
+     "sampling its own policy, so leave it at 0, got 0.1"),
+])
+def test_contradicting_settings_are_one_line(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path, overrides: tuple[str, ...],
+                                             line: str) -> None:
+    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    assert assert_bad_input(result) == f"distrl: error: {line}"
+
+
+@pytest.mark.parametrize("overrides, pattern", [
+    (("agent=r2d2", "agent.replay_capacity=1000000000"),
+     r"agent\.replay_capacity=1000000000 needs 12\.0 TiB when full but this machine has "
+     r"\d+\.\d [KMGT]iB available; the largest capacity that fits is \d+"),
+    (("agent=seed", "agent.learner=r2d2", "agent.r2d2.replay_capacity=1000000000"),
+     r"agent\.r2d2\.replay_capacity=1000000000 needs 12\.0 TiB when full but this machine "
+     r"has \d+\.\d [KMGT]iB available; the largest capacity that fits is \d+"),
+    (("distributed.slots=100000000",),
+     r"out of memory allocating the unroll slots \(100000000 slots \(distributed\.slots\) of "
+     r"agent\.unroll_length=20 steps x 32 envs = 2\.7 TiB, but this machine has "
+     r"\d+\.\d [KMGT]iB available\); lower distributed\.slots, agent\.unroll_length or "
+     r"distributed\.envs_per_actor"),
+])
+def test_sizes_this_machine_cannot_hold_are_one_line(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path, overrides: tuple[str, ...],
+                                                     pattern: str) -> None:
+    """Nothing is allocated: the sizes are computed and compared with MemAvailable."""
+    line = assert_bad_input(run_in_process(capsys, tmp_path / "runs", *overrides))
+    assert re.fullmatch(f"distrl: error: {pattern}", line), line
 
 
 # ---------------------------------------------------------------- checkpoint errors
@@ -165,7 +411,8 @@ def test_log_name_must_stay_inside_log_dir(tmp_path: Path, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run ``run1`` with one checkpoint; tests work on copies of it."""
+    """A finished tiny run ``run1`` with one checkpoint (``python run.py`` exits 0); tests
+    work on copies of it."""
     root = tmp_path_factory.mktemp("trained")
     result = run_cli(root, "log.name=run1", timeout=TRAIN_TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -201,66 +448,94 @@ def test_snapshot_sees_a_changed_checkpoint(run1: Path) -> None:
     (run1 / "checkpoints" / ".checkpoint-x.tmp").write_bytes(b"")
     assert snapshot(run1) != before
     (run1 / "checkpoints" / ".checkpoint-x.tmp").unlink()
-    checkpoint = run1 / "checkpoints" / "checkpoint-000000000004.pt"
-    os.utime(checkpoint, ns=(0, 0))
+    checkpoint_file = run1 / "checkpoints" / "checkpoint-000000000004.pt"
+    os.utime(checkpoint_file, ns=(0, 0))
     assert snapshot(run1) != before
 
 
-def test_resume_from_garbage_file(run1: Path, tmp_path: Path) -> None:
+def test_resume_from_garbage_file(capsys: pytest.CaptureFixture[str], run1: Path,
+                                  tmp_path: Path) -> None:
     before = snapshot(run1)
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(bytes(range(256)) * 4)
-    result = run_cli(tmp_path, f"resume={garbage}")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={garbage}")
     assert_distrl_error(result, "resume", str(garbage), "cannot read checkpoint")
     assert snapshot(run1) == before
 
 
-def test_resume_from_truncated_checkpoint(run1: Path, tmp_path: Path) -> None:
+def test_resume_from_truncated_checkpoint(capsys: pytest.CaptureFixture[str], run1: Path,
+                                          tmp_path: Path) -> None:
     before = snapshot(run1)
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((run1 / "checkpoints" / "checkpoint-000000000004.pt").read_bytes()[:4096])
-    result = run_cli(tmp_path, f"resume={truncated}")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={truncated}")
     assert_distrl_error(result, "resume", str(truncated), "cannot read checkpoint")
     assert snapshot(run1) == before
 
 
-def test_resume_from_missing_path(run1: Path, tmp_path: Path) -> None:
+def test_resume_from_a_file_that_is_no_checkpoint(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    other = tmp_path / "weights.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={other}")
+    assert assert_bad_input(result) == \
+        f"distrl: error: resume: '{other}' is not a distrl checkpoint"
+
+
+def test_resume_from_missing_path(capsys: pytest.CaptureFixture[str], run1: Path,
+                                  tmp_path: Path) -> None:
     before = snapshot(run1)
     missing = tmp_path / "no-such-checkpoint.pt"
-    result = run_cli(tmp_path, f"resume={missing}")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={missing}")
     assert_distrl_error(result, "resume", str(missing), "does not exist")
     assert snapshot(run1) == before
     assert not missing.exists()
 
 
-def test_fresh_run_over_existing_run_is_refused(run1: Path, tmp_path: Path) -> None:
+def test_resume_of_another_agents_checkpoint(capsys: pytest.CaptureFixture[str], run1: Path,
+                                             tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_cli(tmp_path, "log.name=run1")
+    checkpoint_file = run1 / "checkpoints" / "checkpoint-000000000004.pt"
+    result = run_in_process(capsys, tmp_path / "runs", "agent=apex", f"resume={run1}")
+    assert assert_bad_input(result) == (f"distrl: error: resume: checkpoint '{checkpoint_file}' "
+                                        "is from agent 'impala', not 'apex'")
+    assert snapshot(run1) == before
+
+
+def test_fresh_run_over_existing_run_is_refused(capsys: pytest.CaptureFixture[str], run1: Path,
+                                                tmp_path: Path) -> None:
+    before = snapshot(run1)
+    result = run_in_process(capsys, tmp_path / "runs", "log.name=run1")
     assert_distrl_error(result, "log.name", "already holds checkpoints", f"resume={run1}")
     assert snapshot(run1) == before
 
 
-def test_resume_with_invalid_override(run1: Path, tmp_path: Path) -> None:
+def test_resume_with_invalid_override(capsys: pytest.CaptureFixture[str], run1: Path,
+                                      tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_cli(tmp_path, f"resume={run1}", "agent.batch_size=0")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}", "agent.batch_size=0")
     assert_distrl_error(result, "agent.batch_size", "positive")
     assert snapshot(run1) == before
 
 
-def test_resume_with_other_model_shape(run1: Path, tmp_path: Path) -> None:
+def test_resume_with_other_model_shape(capsys: pytest.CaptureFixture[str], run1: Path,
+                                       tmp_path: Path) -> None:
     before = snapshot(run1)
     # Named in resume_overrides, so that the checkpoint itself is what refuses it.
-    result = run_cli(tmp_path, f"resume={run1}", "agent.model.hidden_size=64",
-                     "resume_overrides=[agent.model.hidden_size]")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}",
+                            "agent.model.hidden_size=64",
+                            "resume_overrides=[agent.model.hidden_size]")
     assert snapshot(run1) == before
     assert_distrl_error(result, "resume", "does not fit")
 
 
-def test_resume_with_other_optimizer(run1: Path, tmp_path: Path) -> None:
+def test_resume_with_other_optimizer(capsys: pytest.CaptureFixture[str], run1: Path,
+                                     tmp_path: Path) -> None:
     before = snapshot(run1)
     # More frames than the run has done, so the resumed run would train.
-    result = run_cli(tmp_path, f"resume={run1}", "agent.optimizer.name=adam", "total_frames=5120",
-                     "resume_overrides=[agent.optimizer.name,total_frames]")
+    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}",
+                            "agent.optimizer.name=adam", "total_frames=5120",
+                            "resume_overrides=[agent.optimizer.name,total_frames]")
     assert snapshot(run1 / "checkpoints") == snapshot_subset(before, "checkpoints")
     assert_distrl_error(result, "resume", "optimizer")
     assert snapshot(run1) == before

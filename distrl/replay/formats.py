@@ -51,7 +51,8 @@ class NStepFormat:
 
     def make_storage(self, capacity: int, frame_shape: tuple[int, ...],
                      frame_dtype: torch.dtype, frame_stack: Optional[int], num_envs: int,
-                     flush_steps: int) -> TransitionStorage:
+                     flush_steps: int, state_size: int = 0) -> TransitionStorage:
+        """Transitions store no recurrent state: ``state_size`` is not used."""
         return TransitionStorage(capacity, frame_shape, frame_dtype, frame_stack)
 
     def as_sample(self, writer: NStepWriter, batch: TransitionBatch) -> SampleBatch:
@@ -114,14 +115,16 @@ class SequenceFormat:
 
     def make_storage(self, capacity: int, frame_shape: tuple[int, ...],
                      frame_dtype: torch.dtype, frame_stack: Optional[int], num_envs: int,
-                     flush_steps: int) -> SequenceStorage:
+                     flush_steps: int, state_size: int = 0) -> SequenceStorage:
         """Room for ``period`` new frames per sequence plus an eighth for episode starts
-        and frames sent before their sequences."""
+        and frames sent before their sequences, and for two recurrent states of
+        ``state_size`` values per sequence."""
         stack = frame_stack or 1
         frame_capacity = capacity * self.period + capacity * self.period // 8 + \
             self.stream_window(num_envs, flush_steps, stack)
         return SequenceStorage(capacity, self.length, frame_shape, frame_dtype, frame_stack,
-                               frame_capacity, self.stream_window(num_envs, flush_steps, stack))
+                               frame_capacity, self.stream_window(num_envs, flush_steps, stack),
+                               state_size)
 
     def as_sample(self, writer: SequenceWriter, batch: SequenceBatch) -> SequenceSample:
         return writer.as_sample(batch)

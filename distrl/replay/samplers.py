@@ -19,6 +19,8 @@ import torch
 from distrl.config import check_unit_interval
 from distrl.replay.sum_tree import SumTree
 
+PRIORITY_DTYPE = torch.float64  # of the prioritized sampler's sum tree
+
 
 class UniformSampler:
     """Draws stored transitions uniformly, with replacement (DQN, Mnih et al. 2015)."""
@@ -88,7 +90,7 @@ class PrioritizedSampler:
         self.alpha, self.beta = alpha, beta
         self.beta_final, self.beta_steps = beta_final, beta_steps
         self.epsilon = epsilon
-        self.tree = SumTree(capacity, dtype=torch.float64, kernel=kernel)
+        self.tree = SumTree(capacity, dtype=PRIORITY_DTYPE, kernel=kernel)
         self.max_priority = 1.0  # given to transitions that arrive without a priority
         self.samples = 0
 

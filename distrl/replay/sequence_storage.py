@@ -43,13 +43,15 @@ class SequenceStorage:
       frame_capacity: frames kept.
       stream_window: stream ids per stream that a batch may still refer to (the newest
         ones); must cover a writer's frames from a sequence's first slot to its flush.
+      state_size: values of a flattened recurrent state, so that the stored states are
+        allocated with the rest (0: sized by the first batch).
     """
 
     sample_type = SequenceSample
 
     def __init__(self, capacity: int, length: int, frame_shape: tuple[int, ...],
                  frame_dtype: torch.dtype, frame_stack: Optional[int], frame_capacity: int,
-                 stream_window: int) -> None:
+                 stream_window: int, state_size: int = 0) -> None:
         for name, value in (("capacity", capacity), ("length", length),
                             ("frame_capacity", frame_capacity), ("stream_window", stream_window)):
             check_count(name, value)
@@ -67,8 +69,8 @@ class SequenceStorage:
         self.rewards = torch.zeros(capacity, length)
         self.terminated = torch.zeros(capacity, length, dtype=torch.bool)
         self.valid = torch.zeros(capacity, length, dtype=torch.bool)
-        self.stored_state = torch.zeros(capacity, 0)  # sized by the first batch
-        self.start_state = torch.zeros(capacity, 0)
+        self.stored_state = torch.zeros(capacity, state_size)  # else sized by the first batch
+        self.start_state = torch.zeros(capacity, state_size)
         self.min_frame = torch.zeros(capacity, dtype=torch.int64)  # oldest frame id referred to
         self.frames_written = 0
         self.transitions_written = 0  # sequences ever stored (the name samplers expect)

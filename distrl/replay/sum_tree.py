@@ -61,6 +61,11 @@ def empty_tree(
     return tree
 
 
+def tree_nbytes(capacity: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of the tree :func:`empty_tree` allocates for ``capacity`` leaves."""
+    return 2 * tree_layout(capacity)[-1] * dtype.itemsize
+
+
 def _check_indices(indices: torch.Tensor, limit: int) -> None:
     if indices.numel():
         low, high = int(indices.min()), int(indices.max())
