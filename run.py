@@ -2,7 +2,8 @@
 
 Exit codes: 0 the run finished (its frame budget spent, or ``stop_at_return`` reached);
 130 / 143 (128 + the signal) a SIGINT / SIGTERM stopped it, after its final checkpoint;
-1 it failed (an unexpected error, with its traceback); 2 bad input: a setting, the
+1 it failed: actors failed more often than allowed (after a final checkpoint) or the
+learner diverged, told in one line, or an unexpected error, with its traceback; 2 bad input: a setting, the
 command line, a checkpoint, or a size this machine cannot hold, told in one line
 ``distrl: error: ...``. Under ``-m`` a job that exits 2, 130 or 143 ends the sweep
 with that code; after a job that failed, Hydra runs the remaining jobs, then exits 1
@@ -25,13 +26,18 @@ import agents
 from distrl import loop
 from distrl.checkpoint import CheckpointError
 from distrl.config import ConfigError, register_configs
+from distrl.learner import Diverged
 from distrl.resume_settings import settings_of_run
+from distrl.supervisor import TooManyRestarts
 
 register_configs()
 agents.register_configs()
 
 EXIT_FINISHED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (ConfigError, CheckpointError)
+# Failures a run diagnoses itself (actors failing too often after a final checkpoint, a
+# diverged learner with the last good checkpoint newest): one line, exit 1.
+RUN_FAILED = (TooManyRestarts, Diverged)
 COMMAND_LINE_ERRORS = (HydraException, OmegaConfBaseException)  # raised by Hydra's compose
 
 
@@ -74,6 +80,9 @@ def run(cfg: DictConfig) -> int:
     except BAD_INPUT as error:
         print(format_error(error), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except RUN_FAILED as error:  # the run's own failure, its cause in one line: no traceback
+        print(f"distrl: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     except KeyboardInterrupt:  # a second signal, or one before training started
         return 128 + (loop.stop_signal() or signal.SIGINT)
     stopped_by = loop.stop_signal()
