@@ -231,7 +231,8 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
             if stop_now:
                 break
     if failure is not None:
-        path = save_checkpoint(frames)
+        with checkpointing():
+            path = save_checkpoint(frames)
         raise TooManyRestarts(f"{failure}; the run stopped after its checkpoint {path}")
     return frames
 
