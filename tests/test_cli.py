@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 
 import run as run_py
 from distrl import checkpoint
@@ -72,6 +73,9 @@ def run_in_process(capsys: pytest.CaptureFixture[str], log_dir: Path, *overrides
     with initialize_config_dir(config_dir=str(REPO / "experiments"), version_base="1.3"):
         try:
             cfg = compose("config", overrides=arguments)
+            # As @hydra.main does: the resume hook reads the command line from HydraConfig.
+            HydraConfig.instance().set_config(
+                compose("config", overrides=arguments, return_hydra_config=True))
         except run_py.COMMAND_LINE_ERRORS as error:
             print(run_py.format_error(error), file=sys.stderr, flush=True)
             code = run_py.EXIT_BAD_INPUT
@@ -495,10 +499,11 @@ def test_resume_from_missing_path(capsys: pytest.CaptureFixture[str], run1: Path
 def test_resume_of_another_agents_checkpoint(capsys: pytest.CaptureFixture[str], run1: Path,
                                              tmp_path: Path) -> None:
     before = snapshot(run1)
-    checkpoint_file = run1 / "checkpoints" / "checkpoint-000000000004.pt"
     result = run_in_process(capsys, tmp_path / "runs", "agent=apex", f"resume={run1}")
-    assert assert_bad_input(result) == (f"distrl: error: resume: checkpoint '{checkpoint_file}' "
-                                        "is from agent 'impala', not 'apex'")
+    assert assert_bad_input(result) == (
+        "distrl: error: agent.name: this run was started with 'impala', the command line "
+        "gives 'apex'; agent.name cannot change on resume: the checkpoint holds this agent's "
+        "learner; start a new run (another log.name) for another agent")
     assert snapshot(run1) == before
 
 
