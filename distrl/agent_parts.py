@@ -42,6 +42,7 @@ class UnrollAgentParts:
     batch_size: int
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
+    optimizer_path: str = "agent.optimizer"  # where ``optimizer`` sits in the config (messages)
 
 
 @dataclass
@@ -77,3 +78,4 @@ class ReplayAgentParts:
     replay_ratio: float  # samples per inserted item; 0: uncapped (1 in one process)
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
+    optimizer_path: str = "agent.optimizer"  # where ``optimizer`` sits in the config (messages)

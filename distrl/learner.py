@@ -150,6 +150,7 @@ class Learner:
             not finite is skipped (no optimizer step, nothing published, its priorities
             not written back) and counted as ``learner/skipped_updates``; this many in a
             row raise :class:`Diverged`. Weights made non-finite by a step raise at once.
+        optimizer_path: where the optimizer's settings sit in the config, for messages.
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class Learner:
         sync_gradients: Any = None,
         device: torch.device | None = None,
         max_skipped_updates: int = 10,
+        optimizer_path: str = "agent.optimizer",
     ):
         self.model = model
         self.loss_fn = loss_fn
@@ -174,6 +176,7 @@ class Learner:
         self.device = device  # where the model is: batches move there, priorities back
         self.updates = 0
         self.max_skipped_updates = max_skipped_updates
+        self.optimizer_path = optimizer_path  # the config path the messages name
         self.skipped_in_a_row = self.skipped_updates = 0
 
     @property
@@ -228,9 +231,9 @@ class Learner:
             raise Diverged(
                 f"training diverged: {self.skipped_in_a_row} updates in a row had a non-finite "
                 f"loss or gradient norm (last: loss {loss:g}, grad norm {grad_norm:g}, lr "
-                f"{lr:g}) and were skipped; agent.optimizer.max_skipped_updates="
-                f"{self.max_skipped_updates}. Lower agent.optimizer.lr; the newest checkpoint "
-                "holds the last good weights")
+                f"{lr:g}) and were skipped; {self.optimizer_path}.max_skipped_updates="
+                f"{self.max_skipped_updates}. Lower {self.optimizer_path}.lr; the newest "
+                "checkpoint holds the last good weights")
 
     def _refuse_non_finite_weights(self) -> None:
         norms = torch._foreach_norm([p.detach() for p in self.model.parameters()])
@@ -238,8 +241,8 @@ class Learner:
             raise Diverged(
                 f"training diverged: update {self.updates + 1} made the weights non-finite "
                 f"(lr {self.optimizer.param_groups[0]['lr']:g}); nothing was published or "
-                "checkpointed from it. Lower agent.optimizer.lr; the newest checkpoint holds "
-                "the last good weights")
+                f"checkpointed from it. Lower {self.optimizer_path}.lr; the newest checkpoint "
+                "holds the last good weights")
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -132,7 +132,8 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
     planned_updates = math.ceil(frame_budget / env.frames_per_step
                                 / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
-    learner = rank.make_learner(loss, opt, planned_updates, experience.weights)
+    learner = rank.make_learner(loss, opt, planned_updates, experience.weights,
+                                parts.optimizer_path)
     local_writer_states = (_resume(resumed, own, learner, loss, replay, prefetcher, generator,
                                    counters, opt.name, sharded)
                            if resumed is not None else None)

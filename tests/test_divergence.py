@@ -15,7 +15,7 @@ import torch
 from presets import compose_run
 from torch import nn
 
-from agents import apex, impala
+from agents import apex, impala, seed
 from distrl import checkpoint
 from distrl.learner import Diverged, Learner, make_lr_schedule
 from distrl.weights import WeightStore
@@ -135,3 +135,15 @@ def test_run_py_stops_a_diverged_run_with_one_line_and_exit_1(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distrl: error: training diverged: "), lines
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_seed_names_its_nested_optimizer_setting(tmp_path):
+    """SEED keeps IMPALA's optimizer under agent.impala: the message names that path."""
+    cfg = compose_run(tmp_path, "diverge", "agent=seed", "env.id=CartPole-v1",
+                      "distributed.actors=0", "distributed.envs_per_actor=8",
+                      "distributed.env_groups=1", "agent.impala.optimizer.lr=1e6",
+                      "agent.impala.batch_size=8", "agent.impala.unroll_length=20",
+                      "total_frames=2000000")
+    with pytest.raises(Diverged, match=r"agent\.impala\.optimizer\.max_skipped_updates=10\. "
+                                       r"Lower agent\.impala\.optimizer\.lr;"):
+        seed.run(cfg)
