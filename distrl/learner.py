@@ -74,6 +74,24 @@ def make_lr_schedule(
     raise ValueError(f"optimizer.lr_schedule must be one of linear, constant; got {schedule!r}")
 
 
+def rebase_lr_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
+    """After a checkpoint restore: the schedule's base lr becomes ``lr`` (this run's
+    ``agent.optimizer.lr``) and every group's lr its value at the restored step under this
+    run's schedule (so a new ``total_frames`` or lr takes effect from the next update).
+
+    The optimizer's and scheduler's state dicts hold the old base lr and the old current lr;
+    the schedule's lambda is this run's (torch does not store a lambda), so recomputing
+    gives an uninterrupted run's lr when nothing changed."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise TypeError(f"rebase_lr_schedule takes a LambdaLR, got {type(scheduler).__name__}")
+    groups = scheduler.optimizer.param_groups
+    scheduler.base_lrs = [lr] * len(groups)
+    for group, factor in zip(groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports
+
+
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     """The learner's device for ``agent.device``.
 

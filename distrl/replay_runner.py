@@ -28,6 +28,7 @@ import torch.multiprocessing as mp
 from distrl import checkpoint, distributed, loop, remote
 from distrl.actor_ranks import refuse_actor_ranks_for, serve_replay_actor_rank
 from distrl.agent_parts import ReplayAgentParts
+from distrl.config import OptimizerConfig
 from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
 from distrl.learner import Learner
 from distrl.learner_rank import LearnerRank, check_kernel, start_learner_rank
@@ -46,7 +47,6 @@ from distrl.replay_sources import (
     ReplaySourceFactory,
     replay_topology,
 )
-from distrl.resume_settings import rebase_lr_schedule
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
 from distrl.run_settings import RunSettings, settings_for_rank
 
@@ -135,10 +135,9 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
     learner = rank.make_learner(loss, opt, planned_updates, experience.weights,
                                 parts.optimizer_path)
     local_writer_states = (_resume(resumed, own, learner, loss, replay, prefetcher, generator,
-                                   counters, opt.name, sharded)
+                                   counters, opt, sharded)
                            if resumed is not None else None)
     if resumed is not None:
-        rebase_lr_schedule(learner.scheduler, opt.lr)
         experience.weights.publish(model, learner.updates)
     logger = rank.make_logger(resumed.get("frames_all_ranks", counters["frames"])
                               if resumed else None)
@@ -159,7 +158,7 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
         frames = loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                             should_stop, progress)
         with loop.checkpointing():
-            final = final_checkpoint(settings, resumed, learner.updates,
+            final = final_checkpoint(resumed, learner.updates,
                                      lambda: save_checkpoint(frames), announce=rank.main)
         return {
             **_evaluate(parts, rank, logger, frames), "frames": frames,
@@ -174,12 +173,12 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
 
 def _resume(resumed: dict[str, Any], own: dict[str, Any], learner: Learner, loss: Any,
             replay: ReplayBuffer, prefetcher: Prefetcher, generator: torch.Generator,
-            counters: dict[str, Any], optimizer_name: str, sharded: bool
+            counters: dict[str, Any], opt: OptimizerConfig, sharded: bool
             ) -> list[dict[str, Any]] | None:
     """Load the learner, the loss (its target network), this rank's replay (from the
     checkpoint, or from its shard under torchrun), the sampling stream, the draw in
     flight, counters and RNG; returns the local writers' states to load once they exist."""
-    restore_learner(learner, resumed, optimizer_name, (loss, "loss"),
+    restore_learner(learner, resumed, opt, (loss, "loss"),
                     *([(replay, "replay")] if "replay" in own and not sharded else []))
     writer_states = None
     if "replay" in own:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from distrl import checkpoint, distributed, run_lock
-from distrl.config import ConfigError
-from distrl.learner import Learner
+from distrl.config import ConfigError, OptimizerConfig
+from distrl.learner import Learner, rebase_lr_schedule
 from distrl.run_settings import RunSettings
 
 CHECKPOINT_FORMAT = 1
@@ -74,15 +74,16 @@ def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed
     return run_dir, resumed
 
 
-def restore_learner(learner: Learner, state: dict[str, Any], optimizer_name: str,
+def restore_learner(learner: Learner, state: dict[str, Any], opt: OptimizerConfig,
                     *extra: tuple[Any, str]) -> None:
     """Load a checkpoint's learner (and each ``(object, key)`` of ``extra``), turning a
-    mismatch into a :class:`CheckpointError` that names the setting to fix."""
+    mismatch into a :class:`CheckpointError` that names the setting to fix; the lr
+    schedule is then rebased on this run's ``opt.lr`` (:func:`rebase_lr_schedule`)."""
     saved_optimizer = state.get("optimizer_name")
-    if saved_optimizer != optimizer_name:
+    if saved_optimizer != opt.name:
         raise checkpoint.CheckpointError(
             f"resume: checkpoint was trained with agent.optimizer.name={saved_optimizer!r}, "
-            f"not {optimizer_name!r}"
+            f"not {opt.name!r}"
         )
     try:
         learner.load_state_dict(state["learner"])
@@ -95,9 +96,10 @@ def restore_learner(learner: Learner, state: dict[str, Any], optimizer_name: str
             "resume: checkpoint does not fit this run (agent.model and the replay settings "
             f"must match the checkpoint's config): {detail}"
         ) from None
+    rebase_lr_schedule(learner.scheduler, opt.lr)
 
 
-def final_checkpoint(settings: RunSettings, resumed: checkpoint.Checkpoint | None, updates: int,
+def final_checkpoint(resumed: checkpoint.Checkpoint | None, updates: int,
                      save: Callable[[], Path], announce: bool = True) -> Path:
     """Write the last checkpoint, unless a resumed run did no update (then leave the one it
     resumed from as is)."""

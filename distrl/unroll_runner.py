@@ -27,7 +27,6 @@ from distrl.learner import Learner
 from distrl.learner_rank import check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.queues import SlotPool
-from distrl.resume_settings import rebase_lr_schedule
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
 from distrl.run_settings import RunSettings, settings_for_rank
 from distrl.types import Unroll
@@ -172,8 +171,7 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
                                 experience.weights, parts.optimizer_path)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
-        restore_learner(learner, resumed, opt.name)
-        rebase_lr_schedule(learner.scheduler, opt.lr)
+        restore_learner(learner, resumed, opt)
         counters.update(resumed["counters"])
         checkpoint.set_rng_state(resumed["rng"])
         experience.weights.publish(model, learner.updates)
@@ -205,7 +203,7 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
         loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
                    should_stop)
         with loop.checkpointing():
-            final = (final_checkpoint(settings, resumed, learner.updates, save_checkpoint)
+            final = (final_checkpoint(resumed, learner.updates, save_checkpoint)
                      if rank.main else "")
         evaluation = evaluate_final_policy(
             settings.evaluation, settings.env, settings.seed,

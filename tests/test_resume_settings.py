@@ -24,10 +24,10 @@ from presets import compose_preset, compose_run
 from agents import apex, impala
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig
+from distrl.learner import rebase_lr_schedule
 from distrl.resume_settings import (
     given_leaves,
     merge_resumed,
-    rebase_lr_schedule,
     stored_config,
 )
 
