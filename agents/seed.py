@@ -79,7 +79,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
 
         parts = r2d2.parts(agent.r2d2, cfg.kernel)
         parts.name, parts.device = "seed", agent.device  # inference and training share it
-        parts.optimizer_path = "agent.r2d2.optimizer"
+        parts.settings_path = "agent.r2d2"
         return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
                                   source=functools.partial(SeedReplaySource, **inference))
     from distrl.seed_sources import SeedSource
@@ -87,7 +87,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
 
     parts = impala.parts(agent.impala, cfg.kernel)
     parts.name, parts.device = "seed", agent.device  # inference and training share it
-    parts.optimizer_path = "agent.impala.optimizer"
+    parts.settings_path = "agent.impala"
     return train_unroll_agent(parts, settings, should_stop=should_stop,
                               source=functools.partial(SeedSource, **inference))
 

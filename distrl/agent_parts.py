@@ -42,7 +42,9 @@ class UnrollAgentParts:
     batch_size: int
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
-    optimizer_path: str = "agent.optimizer"  # where ``optimizer`` sits in the config (messages)
+    # Where this agent's settings sit in the config, for messages naming one of them
+    # (SEED nests its learner's under agent.impala / agent.r2d2).
+    settings_path: str = "agent"
 
 
 @dataclass
@@ -78,4 +80,6 @@ class ReplayAgentParts:
     replay_ratio: float  # samples per inserted item; 0: uncapped (1 in one process)
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
-    optimizer_path: str = "agent.optimizer"  # where ``optimizer`` sits in the config (messages)
+    # Where this agent's settings sit in the config, for messages naming one of them
+    # (SEED nests its learner's under agent.impala / agent.r2d2).
+    settings_path: str = "agent"

@@ -19,7 +19,6 @@ from distrl.learner import pin_for
 from distrl.logging import MetricLogger
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.samplers import PRIORITY_DTYPE, PrioritizedSampler
-from distrl.replay.sequence_writer import flatten_state
 from distrl.replay.sum_tree import tree_nbytes
 from distrl.replay_sources import ReplayTopology
 from distrl.types import SampleBatch, SequenceSample
@@ -70,18 +69,6 @@ class Prefetcher:
         self._executor.shutdown(wait=True)
 
 
-def capacity_setting(parts: ReplayAgentParts) -> str:
-    """The command-line name of the replay's capacity (SEED-R2D2 nests R2D2's settings
-    under ``agent.r2d2``)."""
-    return "agent.r2d2.replay_capacity" if parts.name == "seed" else "agent.replay_capacity"
-
-
-def recurrent_state_size(parts: ReplayAgentParts, model: torch.nn.Module) -> int:
-    """Values of one flattened recurrent state of the agent's policy (0: feed-forward)."""
-    policy = parts.make_policy(model, torch.zeros(1))
-    return flatten_state(policy.initial_state(1), 1).shape[1]
-
-
 def replay_nbytes(parts: ReplayAgentParts, capacity: int, frame_shape: tuple[int, ...],
                   frame_dtype: torch.dtype, frame_stack: Optional[int], envs_per_writer: int,
                   state_size: int) -> int:
@@ -105,7 +92,7 @@ def make_replay(parts: ReplayAgentParts, frame_shape: tuple[int, ...], frame_dty
     is killed hours later. An allocation that fails anyway is one ConfigError too.
     """
     r = parts.replay
-    setting = capacity_setting(parts)
+    setting = f"{parts.settings_path}.replay_capacity"
 
     def nbytes_for(capacity: int) -> int:
         return replay_nbytes(parts, capacity, frame_shape, frame_dtype, frame_stack,

@@ -34,17 +34,12 @@ from distrl.learner import Learner
 from distrl.learner_rank import LearnerRank, check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.replay.buffer import ReplayBuffer
-from distrl.replay_learner import (
-    Prefetcher,
-    ReplayFeed,
-    load_shard_replay,
-    make_replay,
-    recurrent_state_size,
-)
+from distrl.replay_learner import Prefetcher, ReplayFeed, load_shard_replay, make_replay
 from distrl.replay_sources import (
     ReplayActorSource,
     ReplaySourceContext,
     ReplaySourceFactory,
+    recurrent_state_size,
     replay_topology,
 )
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
@@ -133,7 +128,7 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
                                 / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
     learner = rank.make_learner(loss, opt, planned_updates, experience.weights,
-                                parts.optimizer_path)
+                                f"{parts.settings_path}.optimizer")
     local_writer_states = (_resume(resumed, own, learner, loss, replay, prefetcher, generator,
                                    counters, opt, sharded)
                            if resumed is not None else None)

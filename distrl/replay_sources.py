@@ -115,6 +115,12 @@ class ReplayTopology:
         return self.obs_shape[1:] if self.frame_stack is not None else self.obs_shape
 
 
+def recurrent_state_size(parts: ReplayAgentParts, model: nn.Module) -> int:
+    """Values of one flattened recurrent state of the agent's policy (0: feed-forward)."""
+    policy = parts.make_policy(model, torch.zeros(1))
+    return flatten_state(policy.initial_state(1), 1).shape[1]
+
+
 def build_replay_actor(
     parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
     store: WeightStore, emit: Callable[[ReplayBatch, torch.Tensor], None], actor_id: int,
@@ -213,8 +219,7 @@ class ReplayActorSource:
         self.slots: BatchSlots | None = None
         if not self.serial or ctx.remote_ranks:
             parts = ctx.parts
-            policy = parts.make_policy(ctx.model, ctx.topology.epsilons[:1])
-            state_size = flatten_state(policy.initial_state(1), 1).shape[1]
+            state_size = recurrent_state_size(parts, ctx.model)
             self.slots = BatchSlots(
                 dist.slots or 2 * (dist.actors + ctx.remote_ranks) * dist.env_groups,
                 parts.experience,

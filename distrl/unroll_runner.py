@@ -168,7 +168,7 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
     opt = parts.optimizer
     learner = rank.make_learner(parts.loss_fn, opt,
                                 math.ceil(settings.total_frames / frames_per_update),
-                                experience.weights, parts.optimizer_path)
+                                experience.weights, f"{parts.settings_path}.optimizer")
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt)

@@ -14,7 +14,8 @@ from agents import apex, r2d2
 from distrl import memory
 from distrl.config import ConfigError
 from distrl.replay.sum_tree import empty_tree, tree_nbytes
-from distrl.replay_learner import make_replay, recurrent_state_size, replay_nbytes
+from distrl.replay_learner import make_replay, replay_nbytes
+from distrl.replay_sources import recurrent_state_size
 
 
 def test_available_bytes_is_memavailable_not_memfree(tmp_path: Path) -> None:
