@@ -78,7 +78,6 @@ class ActorProcesses:
     def __init__(self, ctx: Any, count: int, build: BuildActor, threads: int, seed: int,
                  pool: SlotPool, max_restarts: int, timeout_s: float, start_timeout_s: float,
                  check_interval_s: float = 0.5):
-        self.total_restarts = self.total_dropped = 0
         self.ctx, self.pool = ctx, pool
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.check_interval_s = check_interval_s
@@ -87,7 +86,7 @@ class ActorProcesses:
         self.readers: list[Any] = [None] * count
         self._pending: list[tuple[int, ActorStats]] = []  # read from actors that died
         self._writers: list[Any] = [None] * count
-        self.restarts = self.dropped = 0  # since the last drain
+        self.dropped = 0  # half-written unrolls or batches of dead actors, this run
         self.error: BaseException | None = None
         self._lock = threading.Lock()  # the supervisor thread and the learner's drain
         self._stop = threading.Event()
@@ -142,7 +141,6 @@ class ActorProcesses:
                 for actor_id, cause in self.failures():
                     with self._lock:
                         self.children.restart(actor_id, cause)
-                        self.restarts += 1
         except BaseException as error:  # noqa: BLE001 - handed to the learner thread
             self.error = error
 
@@ -169,28 +167,13 @@ class ActorProcesses:
             return drained + [(actor_id, stats) for actor_id in range(len(self.readers))
                               for stats in self._read(actor_id)]
 
-    def take_restarts(self) -> tuple[int, int]:
-        """(restarts, dropped unrolls or batches) since the last call."""
-        with self._lock:
-            out = (self.restarts, self.dropped)
-            self.total_restarts += self.restarts
-            self.total_dropped += self.dropped
-            self.restarts = self.dropped = 0
-            return out
-
     def log(self, logger: Any) -> None:
         """``workers/restarts`` and ``workers/dropped_unrolls`` so far in this run."""
-        self.take_restarts()
-        logger.add("workers/restarts", self.total_restarts)
-        logger.add("workers/dropped_unrolls", self.total_dropped)
+        logger.add("workers/restarts", self.children.restarts)
+        logger.add("workers/dropped_unrolls", self.dropped)
 
     def summary(self) -> dict[str, Any]:
-        self.take_restarts()
-        return {"actor_restarts": self.total_restarts, "dropped_unrolls": self.total_dropped}
-
-    def check_alive(self) -> None:
-        """Kept for the sources' wait loops: raises if supervision ended the run."""
-        self.check()
+        return {"actor_restarts": self.children.restarts, "dropped_unrolls": self.dropped}
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()

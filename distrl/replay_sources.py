@@ -274,7 +274,7 @@ class ReplayActorSource:
     def check(self) -> None:
         """Raise if an actor process failed."""
         if self.actors is not None:
-            self.actors.check_alive()
+            self.actors.check()
 
     def log(self, logger: MetricLogger) -> None:
         """Actor restarts and the batches they dropped."""

@@ -104,11 +104,11 @@ class ChildProcesses:
         """Replace child ``index``, which ``cause`` ("exited with code 1", "was silent for
         60 s"): kill it if it still runs, run ``before_restart``, start its successor.
         Raises :class:`TooManyRestarts` (and starts nothing) past ``max_restarts``."""
-        self.restarts += 1
-        if self.restarts > self.max_restarts:
+        if self.restarts + 1 > self.max_restarts:
             raise TooManyRestarts(
                 f"{self.label} {index} {cause}: {self.label}s would be restarted "
-                f"{self.restarts} times, more than {self.limit_setting}={self.max_restarts}")
+                f"{self.restarts + 1} times, more than {self.limit_setting}={self.max_restarts}")
+        self.restarts += 1  # restarts done (the refused one above is not counted)
         print(f"[distrl] {self.label} {index} {cause}: restarting it, its partial experience "
               f"dropped ({self.restarts} restarts so far, at most {self.max_restarts})",
               flush=True)

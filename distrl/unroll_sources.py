@@ -178,7 +178,7 @@ class UnrollActorSource:
         assert self.actors is not None
         return wait_for_slots(pool, count, self.ctx.settings.distributed.start_timeout_s
                               if first else None, "the actors",
-                              lambda: (on_wait(), self.actors.check_alive()))
+                              lambda: (on_wait(), self.actors.check()))
 
     def __exit__(self, *exc: Any) -> None:
         self._exit.close()
