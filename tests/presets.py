@@ -1,7 +1,11 @@
-"""Compose ``python run.py +experiment=<name>`` as a typed config that writes under a tmp dir."""
+"""Compose ``python run.py +experiment=<name>`` as a typed config that writes under a tmp dir,
+or run ``python run.py`` itself in a subprocess as a user would."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +36,26 @@ def compose_run(tmp_path: Path, name: str, *overrides: str) -> Any:
     cfg.log.interval_s = 30.0
     cfg.checkpoint.interval_s = 3600.0
     return cfg
+
+
+def run_py_env(tests_on_path: bool = False, **extra: str) -> dict[str, str]:
+    """The environment for a ``run.py`` subprocess: without HYDRA_FULL_ERROR (so errors are the
+    one line a user sees), with ``tests/`` importable for the test envs when asked."""
+    environment = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    if tests_on_path:
+        environment["PYTHONPATH"] = f"{REPO / 'tests'}{os.pathsep}{REPO}"
+    return {**environment, **extra}
+
+
+def run_py_command(tmp_path: Path, *overrides: str, hydra_dir: str = "hydra") -> list[str]:
+    """``python run.py <overrides>`` with Hydra's own output under ``tmp_path/hydra_dir``."""
+    return [sys.executable, str(REPO / "run.py"), *overrides,
+            f"hydra.run.dir={tmp_path / hydra_dir}"]
+
+
+def run_py(tmp_path: Path, *overrides: str, timeout: float = 180,
+           tests_on_path: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python run.py <overrides>`` to its end (see :func:`run_py_command`)."""
+    return subprocess.run(run_py_command(tmp_path, *overrides), cwd=REPO,
+                          env=run_py_env(tests_on_path), capture_output=True, text=True,
+                          timeout=timeout)

@@ -24,6 +24,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from presets import run_py_command, run_py_env
 
 import run as run_py
 from distrl import checkpoint
@@ -48,20 +49,15 @@ def command_line(log_dir: Path, overrides: tuple[str, ...]) -> list[str]:
 
 def cli_command(tmp_path: Path, *overrides: str) -> list[str]:
     """``python run.py`` with :func:`command_line`, writing under ``tmp_path`` only."""
-    return [sys.executable, "run.py", *command_line(tmp_path / "runs", overrides),
-            f"hydra.run.dir={tmp_path / 'hydra'}"]
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return {**environment, **extra}
+    return run_py_command(tmp_path, *command_line(tmp_path / "runs", overrides))
 
 
 def run_cli(tmp_path: Path, *overrides: str, timeout: float = ERROR_TIMEOUT_S,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python run.py`` (see :func:`cli_command`) in a subprocess."""
-    return subprocess.run(cli_command(tmp_path, *overrides), cwd=REPO, env=cli_env(**(env or {})),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cli_command(tmp_path, *overrides), cwd=REPO,
+                          env=run_py_env(**(env or {})), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run_in_process(capsys: pytest.CaptureFixture[str], log_dir: Path, *overrides: str
@@ -128,7 +124,7 @@ def processes(tmp_path_factory: pytest.TempPathFactory
         tmp = tmp_path_factory.mktemp(name)
         command = cli_command(tmp, *overrides)
         running[name] = (command, tmp, subprocess.Popen(
-            command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True))
     results = {}
     for name, (command, tmp, proc) in running.items():
@@ -195,7 +191,7 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     checkpoint and exit 130 (SIGINT) or 143 (SIGTERM), not 0 like a finished run."""
     command = cli_command(tmp_path, "total_frames=1000000000", "log.interval_s=0.2",
                           "log.name=stopped")
-    proc = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         lines = []

@@ -6,21 +6,16 @@ a non-finite weight."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from presets import compose_run
+from presets import compose_run, run_py
 from torch import nn
 
 from agents import apex, impala, seed
 from distrl import checkpoint
 from distrl.learner import Diverged, Learner, make_lr_schedule
 from distrl.weights import WeightStore
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _learner(losses: list[float], lr: float = 0.1, max_skipped: int = 3):
@@ -124,13 +119,11 @@ def test_lr_1e6_stops_with_one_line_and_the_last_good_checkpoint_newest(
 
 
 def test_run_py_stops_a_diverged_run_with_one_line_and_exit_1(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), "agent=apex", "env.id=CartPole-v1",
-         "distributed.actors=0", "distributed.envs_per_actor=8", "distributed.env_groups=1",
-         "agent.optimizer.lr=1e6", "agent.learning_starts=200", "agent.batch_size=32",
-         "total_frames=2000000", f"log.dir={tmp_path}", "log.name=diverge",
-         "log.tensorboard=false", f"hydra.run.dir={tmp_path}/hydra"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = run_py(tmp_path, "agent=apex", "env.id=CartPole-v1", "distributed.actors=0",
+                  "distributed.envs_per_actor=8", "distributed.env_groups=1",
+                  "agent.optimizer.lr=1e6", "agent.learning_starts=200", "agent.batch_size=32",
+                  "total_frames=2000000", f"log.dir={tmp_path}", "log.name=diverge",
+                  "log.tensorboard=false", timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distrl: error: training diverged: "), lines

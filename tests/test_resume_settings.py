@@ -9,17 +9,14 @@ process) and one Ape-X resume through the Python API check the whole path.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from omegaconf import OmegaConf
-from presets import compose_preset, compose_run
+from presets import compose_preset, compose_run, run_py
 
 from agents import apex, impala
 from distrl import checkpoint
@@ -31,7 +28,6 @@ from distrl.resume_settings import (
     stored_config,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 RUN_DIR = Path("moved/run1")  # where the stored run's checkpoint is now
 
 # ---------------------------------------------------------------- the merge, on plain dicts
@@ -325,13 +321,6 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(stopped_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(stopped_run, tmp_path / "run"))
-
-
-def run_py(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run(
-        [sys.executable, "run.py", f"hydra.run.dir={tmp_path / 'hydra'}", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
 
 def checkpoints_by_update(run_dir: Path) -> dict[int, dict[str, Any]]:

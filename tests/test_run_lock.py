@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from presets import run_py_command, run_py_env
 
 from distrl import run_lock
 from distrl.config import ConfigError
@@ -139,15 +140,15 @@ TINY_RUN = ("agent=impala", "env=CartPole", "distributed.actors=0", "agent.batch
 
 
 def _run_py(tmp_path: Path, hydra: str, *overrides: str) -> list[str]:
-    return [sys.executable, "run.py", *TINY_RUN, f"log.dir={tmp_path / 'runs'}",
-            "log.name=same", f"hydra.run.dir={tmp_path / hydra}", *overrides]
+    return run_py_command(tmp_path, *TINY_RUN, f"log.dir={tmp_path / 'runs'}", "log.name=same",
+                          *overrides, hydra_dir=hydra)
 
 
 @pytest.mark.slow
 def test_a_second_run_py_on_a_running_directory_exits_2_naming_the_owner(
     tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env = run_py_env()
     run_dir = tmp_path / "runs" / "same"
     lock = run_dir / "distrl.lock"
     first = subprocess.Popen(_run_py(tmp_path, "hydra1", "total_frames=192000"), cwd=REPO,
@@ -172,7 +173,7 @@ def test_a_second_run_py_on_a_running_directory_exits_2_naming_the_owner(
     assert re.fullmatch(
         rf"distrl: error: log\.name: run directory '{re.escape(str(run_dir))}' is in use by "
         rf"pid {first.pid} on {re.escape(socket.gethostname())} since [-0-9]+ [:0-9]+.* "
-        rf"\(python\S* run\.py .*log\.name=same.*\); wait for it to end or choose another "
+        rf"\(python\S* \S*run\.py .*log\.name=same.*\); wait for it to end or choose another "
         r"log\.name", lines[0]), lines[0]
     assert "[distrl] run_dir=" not in second.stdout  # refused before it started
     assert first.returncode == 0, out[-2000:] + err[-2000:]

@@ -7,15 +7,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from presets import compose_run
+from presets import compose_run, run_py
 
 from agents import apex, impala
 from distrl import checkpoint
@@ -24,7 +21,6 @@ from distrl.queues import WRITING, FieldSpec, SlotPool
 from distrl.supervisor import TooManyRestarts
 
 SPECS = {"x": FieldSpec((3, 2), torch.float32)}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_then_hang(pool: SlotPool, producer: int, commit_first: bool) -> None:
@@ -207,14 +203,12 @@ def test_a_hung_actor_is_noticed_by_its_silence_and_restarted(tmp_path, capfd):
 def test_run_py_exits_1_with_the_cause_on_its_last_line_and_a_final_checkpoint(tmp_path):
     """The user's view of too many restarts: exit 1, the cause as the last stderr line (the
     actors' own tracebacks come before it), and the run's final checkpoint on disk."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "run.py"), "agent=impala", "env.id=DistrlCrashAfter-v0",
-         "env.imports=[crashing_env]", "distributed.actors=2", "distributed.envs_per_actor=4",
-         "distributed.env_groups=1", "agent.batch_size=8", "agent.unroll_length=10",
-         "distributed.max_actor_restarts=1", f"log.dir={tmp_path}", "log.name=crash",
-         "log.tensorboard=false", f"hydra.run.dir={tmp_path}/hydra"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"})
+    proc = run_py(tmp_path, "agent=impala", "env.id=DistrlCrashAfter-v0",
+                  "env.imports=[crashing_env]", "distributed.actors=2",
+                  "distributed.envs_per_actor=4", "distributed.env_groups=1",
+                  "agent.batch_size=8", "agent.unroll_length=10",
+                  "distributed.max_actor_restarts=1", f"log.dir={tmp_path}", "log.name=crash",
+                  "log.tensorboard=false", timeout=300, tests_on_path=True)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"distrl: error: actor \d exited with code 1: actors would be restarted "
