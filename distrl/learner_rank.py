@@ -22,6 +22,7 @@ from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, re
 from distrl.logging import MetricLogger
 from distrl.run_dir import run_dir_for_ranks
 from distrl.run_settings import RunSettings, seed_everything
+from distrl.torsos import channels_last_for_training
 from distrl.weights import WeightStore
 
 
@@ -158,6 +159,8 @@ def start_learner_rank(settings: RunSettings, ranks: distributed.RankInfo | None
     threads = learner_thread_count(settings.distributed.learner_threads, env.obs_shape, device)
     torch.set_num_threads(threads)
     model = make_model(env.obs_shape, env.num_actions).to(device)
+    if device.type == "cpu":
+        channels_last_for_training(model)
     if ranks is not None:
         distributed.broadcast_parameters(model, group=ranks.group)
     return LearnerRank(settings, ranks, run_dir, resumed, env, device, threads, model)

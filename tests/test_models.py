@@ -3,6 +3,7 @@ the dueling network's split point and gradient rescale."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -148,6 +149,36 @@ def test_impala_resnet_scales_uint8_once() -> None:
     with torch.no_grad():
         by_hand = torch.relu(net.fc(torch.relu(net.sections(pixels.float() / 255)).flatten(1)))
         torch.testing.assert_close(net(pixels), by_hand)
+
+
+@pytest.mark.parametrize("torso", ["shallow", "nature", "resnet"])
+def test_a_channels_last_learner_copy_computes_the_same_outputs_and_gradients(torso: str) -> None:
+    """channels_last_for_training changes only the layout: the same loss and gradients as
+    the plain copy, and its weights load into an actor's plain model unchanged."""
+    torch.manual_seed(0)
+    plain = ActorCriticNet(IMAGE_SHAPE, 6, torso=torso)
+    fast = torsos.channels_last_for_training(copy.deepcopy(plain))
+    first_conv = next(m for m in fast.modules() if isinstance(m, nn.Conv2d))
+    assert first_conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not first_conv.weight.is_contiguous()
+    pixels = torch.randint(0, 256, (3, 2, *IMAGE_SHAPE), dtype=torch.uint8)
+    grads = []
+    for net in (plain, fast):
+        logits, values, _ = net(pixels, ())
+        (logits.square().sum() + values.sum()).backward()
+        grads.append([p.grad for p in net.parameters()])
+    torch.testing.assert_close(fast(pixels, ())[0], plain(pixels, ())[0])
+    for plain_grad, fast_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(fast_grad, plain_grad, rtol=1e-4, atol=1e-5)
+    actor = ActorCriticNet(IMAGE_SHAPE, 6, torso=torso)
+    actor.load_state_dict(fast.state_dict())
+    assert all(p.is_contiguous() for p in actor.parameters())
+    torch.testing.assert_close(actor(pixels, ())[0], plain(pixels, ())[0])
+
+
+def test_channels_last_for_training_leaves_minatar_alone() -> None:
+    net = torsos.channels_last_for_training(ActorCriticNet((4, 10, 10), 6))
+    assert all(p.is_contiguous() for p in net.parameters())
 
 
 def _core_inputs(steps: int = 6, batch: int = 3, features: int = 5, hidden: int = 7):
