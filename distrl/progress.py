@@ -153,6 +153,7 @@ class ProgressDisplay:
     def _draw(self, report: ProgressReport) -> None:
         from rich.console import Group
         from rich.progress_bar import ProgressBar
+        from rich.table import Table
         from rich.text import Text
 
         cpu = ("?" if not math.isfinite(report.cpu_busy)
@@ -160,13 +161,17 @@ class ProgressDisplay:
         head = Text(f"frames {report.frames:,} / {report.total_frames:,} "
                     f"({100 * report.done:.1f}%)   {report.fps:,.0f} frames/s   "
                     f"eta {duration_text(report.eta_s)}", style="bold")
-        body = Text(f"cpu {cpu}   mem {memory_text(report.memory_bytes)}   time "
-                    f"{split_text(report.split)}   bound {report.bound}")
-        extra = Text("  ".join(f"{name.split('/')[-1]}={format_value(value)}"
-                               for name, value in report.extra.items()), style="dim")
-        bar = ProgressBar(total=max(report.total_frames, 1),
-                          completed=min(report.frames, report.total_frames))
-        self._live.update(Group(head, bar, body, extra), refresh=True)
+        bar = Table.grid()  # a bare ProgressBar in a Group runs into the next line
+        bar.add_row(ProgressBar(total=max(report.total_frames, 1),
+                                completed=min(report.frames, report.total_frames), width=50))
+        lines = [head, bar,
+                 Text(f"bound {report.bound}   cpu {cpu}   "
+                      f"mem {memory_text(report.memory_bytes)}"),
+                 Text(f"time {split_text(report.split)}")]
+        if report.extra:
+            lines.append(Text("  ".join(f"{name.split('/')[-1]}={format_value(value)}"
+                                        for name, value in report.extra.items()), style="dim"))
+        self._live.update(Group(*lines), refresh=True)
         self._refreshed = time.monotonic()
 
     def close(self) -> None:

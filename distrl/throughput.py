@@ -329,6 +329,14 @@ def describe(fig: Figures, d: dict[str, float], ctx: RunContext) -> list[str]:
                  f" (learning_starts, replay ratio)")
     else:
         waits = f"waiting for batches {pct(d['learner_batch_wait'])}"
+    # The loop's time neither side accounts for (collecting counters, logging,
+    # checkpoints): large, it says the figures miss where the time goes.
+    if serial:
+        other = 1.0 - d["learner_busy"] - d["actor_busy"]
+    else:
+        other = 1.0 - d["learner_busy"] - d["learner_batch_wait"] - d["learner_ratio_wait"]
+    if other > 0.1:
+        waits += f", other {pct(other)}"
     learner = (f"learner  {rate_text(d['learner_fps'])} frames/s learned "
                f"({d['updates_per_s']:.3g} updates/s); busy {pct(d['learner_busy'])} "
                f"(step {pct(d['learner_step'])}, batch {pct(d['learner_copy'])}), {waits}; "
@@ -339,6 +347,9 @@ def describe(fig: Figures, d: dict[str, float], ctx: RunContext) -> list[str]:
     if not math.isnan(fig.replay_ratio_target):
         asked = ("uncapped" if fig.replay_ratio_target == 0
                  else f"{fig.replay_ratio_target:g} asked")
+        if fig.replay_ratio_target > 0 and d["replay_ratio"] < 0.9 * fig.replay_ratio_target:
+            asked += (": short of it, the learner lags behind the inserts or the replay is "
+                      "still filling to learning_starts")
         fill = "" if math.isnan(fig.replay_fill) else f"size {pct(fig.replay_fill)} of capacity; "
         lines.append(f"replay   {fill}ratio {d['replay_ratio']:.3g} sampled per inserted "
                      f"({asked})")
@@ -478,6 +489,12 @@ def _feed_the_actors(margin: float, saturated: bool, idle: float, fig: Figures,
             f"{ctx.path}.replay_ratio={higher:g} (now {fig.replay_ratio_target:g}) would "
             "use the learner's idle time: more updates per frame (it changes how often "
             "each item is replayed)")
+    if not advice:
+        busy = max(d["actor_busy"], 1e-9)
+        advice.append(f"{intro}; the {side} spend {pct(d['actor_env'] / busy)} of their "
+                      f"busy time stepping envs and {pct(d['actor_forward'] / busy)} in the "
+                      "forward pass, with no idle core to add: only a cheaper env or "
+                      "network per frame, or more cores, makes this run faster")
     return advice
 
 
@@ -493,24 +510,26 @@ def _cheaper_acting(fig: Figures, d: dict[str, float], ctx: RunContext) -> list[
             advice.append(f"inference is {pct(forward)} of the serving time: "
                           "agent.max_inference_batch=0 lets one call serve every waiting env")
         else:
+            setting, note = _more_envs(ctx)
             advice.append(f"the forward pass is {pct(forward)} of the {ctx.actor_side}' busy "
-                          f"time: {_more_envs(ctx)} batches more envs per forward")
+                          f"time: {setting} batches more envs per forward{note}")
     if env >= 0.5 and ctx.async_envs and ctx.env_groups == 1 and ctx.envs_per_actor % 2 == 0:
         advice.append(f"env stepping is {pct(env)} of the {ctx.actor_side}' busy time: "
                       "distributed.env_groups=2 overlaps env stepping with inference")
     return advice
 
 
-def _more_envs(ctx: RunContext) -> str:
-    """``distributed.envs_per_actor`` doubled, with the batch size it then needs."""
+def _more_envs(ctx: RunContext) -> tuple[str, str]:
+    """``distributed.envs_per_actor`` doubled, and a note naming the batch size an unroll
+    learner then needs (its batch is whole env groups)."""
     envs = 2 * ctx.envs_per_actor
-    text = f"distributed.envs_per_actor={envs}"
     per_group = envs // ctx.env_groups
+    note = ""
     if not ctx.replay and ctx.batch_size % per_group:
         batch = ctx.batch_size * per_group // math.gcd(ctx.batch_size, per_group)
-        text += (f" with {ctx.path}.batch_size={batch} (a batch is whole env groups of "
-                 f"{per_group})")
-    return text
+        note = (f" (with {ctx.path}.batch_size={batch}: a batch is whole env groups of "
+                f"{per_group})")
+    return f"distributed.envs_per_actor={envs}", note
 
 
 def _oversubscription(fig: Figures, ctx: RunContext) -> list[str]:
