@@ -6,6 +6,7 @@ env) on purpose, whose summary and ``python -m distrl.diagnose`` name the right 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from slow_loss import SlowImpalaLoss
 
 from agents import apex, impala
 from distrl import diagnose as diagnose_cli
+from distrl.logging import MetricLogger
 from distrl.throughput import (
     Figures,
     RunContext,
@@ -299,6 +301,39 @@ def test_replay_path_learner_bound_names_the_replay_ratio(tmp_path, monkeypatch,
     capsys.readouterr()
     out = _cli(result["run_dir"], capsys)
     assert "bound: learner x" in out and "agent.replay_ratio=" in out
+
+
+def _logged_run(root, reports: int, figures: Figures):
+    """A run directory whose events hold ``reports`` reports of ``figures`` and a config, as
+    a live run's MetricLogger writes them."""
+    logger = MetricLogger(str(root / "logged"), stream=open(os.devnull, "w"))  # noqa: SIM115
+    logger.text("config", "```\nagent:\n  name: impala\n  batch_size: 32\ndistributed:\n"
+                          "  actors: 2\n  envs_per_actor: 32\n  env_groups: 1\n```")
+    for k in range(reports):
+        logger.add_many(figures.as_scalars())
+        logger.write(1000 * (k + 1), {})
+    logger.close()
+    return root / "logged"
+
+
+def test_the_cli_reads_a_runs_events_and_reproduce_records_it(tmp_path, capsys):
+    run_dir = _logged_run(tmp_path, 3, LEARNER_BOUND)
+    assert diagnose_cli.main([str(run_dir), "--last", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"distrl diagnose: {run_dir} (impala: 2 actor processes x 32 envs in 1 "
+                      "group; learner on cpu, 1 thread)")
+    assert out[1].startswith("the last 2 of 3 reports: frames 2,000 to 3,000 over 20 s")
+    assert out[2] == "bound: learner x3.3"
+    assert out[-1] == ("  - learner-bound: the actors wait 70% of the time; distributed.actors=1 "
+                       "would leave more of the 2 busy cores to the learner (the actors need "
+                       "about 0.7 processes' worth of time)")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import reproduce
+
+    record = reproduce.run_throughput(run_dir)  # python -m distrl.diagnose --json
+    assert record["bound"] == "learner" and record["reports"] == 3
+    assert record["margin"] == pytest.approx(diagnose(LEARNER_BOUND, IMPALA_2_ACTORS).margin)
+    assert reproduce.run_throughput(tmp_path) is None  # no events there
 
 
 def test_the_cli_says_why_it_has_nothing_to_read(tmp_path, capsys):
