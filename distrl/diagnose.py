@@ -3,7 +3,8 @@ its throughput, by how much, and what to change, for a finished run or one still
 
 It reads the run directory's tensorboard events: the figures each report logged under
 ``throughput/raw/`` (:class:`distrl.throughput.Figures`) and the run's config (the
-``config`` text tag), recombines the last ``N`` reports (all by default) and diagnoses
+``config`` text tag), recombines the last ``N`` reports (by default all but the first,
+which spans the run's start, as the run's summary does) and diagnoses
 them with the same function the live run uses (:func:`distrl.throughput.diagnose`), so
 the advice names the run's own settings. A run started with ``log.tensorboard=false``
 leaves nothing to read; its console lines and summary carry the diagnosis instead.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distrl.throughput import Diagnosis, Figures, RunContext, combine, diagnose
+from distrl.throughput import Diagnosis, Figures, RunContext, combine, diagnose, steady
 from distrl.throughput_meter import run_context
 
 RAW = "throughput/raw/"
@@ -89,10 +90,11 @@ def read_run(run_dir: Path) -> RunFigures:
 
 
 def diagnose_run(run_dir: Path, last: int | None = None) -> tuple[Diagnosis, RunFigures, int]:
-    """The diagnosis of ``run_dir``'s last ``last`` reports (all when None), the figures
+    """The diagnosis of ``run_dir``'s last ``last`` reports (None: the whole run but its
+    start, :func:`~distrl.throughput.steady`, as the run's summary has it), the figures
     read, and how many reports it covers."""
     run = read_run(run_dir)
-    chosen = run.reports[-last:] if last else run.reports
+    chosen = run.reports[-last:] if last else steady(run.reports)
     return diagnose(combine(chosen), context_of(run)), run, len(chosen)
 
 
@@ -117,14 +119,15 @@ def topology_text(ctx: RunContext, fig: Figures) -> str:
 
 
 def render(run_dir: Path, diagnosis: Diagnosis, run: RunFigures, used: int,
-           now: float | None = None) -> list[str]:
+           last: int | None = None, now: float | None = None) -> list[str]:
     """The CLI's text: a header, the figures, the verdict and the advice."""
     now = time.time() if now is None else now
     total = len(run.reports)
     first, newest = run.frames[total - used], run.frames[-1]
     span = sum(f.span_s for f in run.reports[total - used:])
     ctx = context_of(run)
-    which = "all" if used == total else f"the last {used} of"
+    which = ("all" if used == total else f"the last {used} of" if last
+             else f"the last {used} (the first, the run's start, left out) of")
     lines = [
         f"distrl diagnose: {run_dir} ({topology_text(ctx, run.reports[-1])})",
         f"{which} {total} reports: frames {first:,} to {newest:,} over {span:.0f} s "
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                     "and what to change; read from the run directory's tensorboard events.")
     parser.add_argument("run_dir", type=Path, help="the run directory (log.dir/log.name)")
     parser.add_argument("--last", type=int, default=None, metavar="N",
-                        help="only the last N reports (default: the whole run)")
+                        help="only the last N reports (default: the whole run but its first "
+                             "report, the start)")
     parser.add_argument("--json", action="store_true",
                         help="print the diagnosis as JSON (bound, margin, lines, advice, ...)")
     args = parser.parse_args(argv)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                          default=lambda v: None if isinstance(v, float) and math.isnan(v)
                          else str(v)))
     else:
-        print("\n".join(render(args.run_dir, diagnosis, run, used)))
+        print("\n".join(render(args.run_dir, diagnosis, run, used, args.last)))
     return 0
 
 

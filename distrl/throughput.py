@@ -126,6 +126,13 @@ def combine(parts: list[Figures]) -> Figures:
     return Figures(**values)
 
 
+def steady(reports: list[Figures]) -> list[Figures]:
+    """The reports that describe the run at pace: all but the first when there are three
+    or more, since the first spans the start (actor processes spawning, the first batches
+    on their way) when the learner can only wait."""
+    return reports[1:] if len(reports) >= 3 else reports
+
+
 @dataclass(frozen=True)
 class RunContext:
     """The settings the advice names (read from the run's config, so the advice is in the

@@ -16,7 +16,7 @@ import yaml
 from distrl.envs import is_atari
 from distrl.logging import MetricLogger
 from distrl.process_usage import ProcessUsage, usable_cores
-from distrl.throughput import Diagnosis, Figures, RunContext, combine, diagnose
+from distrl.throughput import Diagnosis, Figures, RunContext, combine, diagnose, steady
 
 
 def run_context(config_text: str, distributed: Mapping[str, Any] | None = None,
@@ -91,8 +91,9 @@ class ThroughputMeter:
         return figures, diagnose(figures, self.context)
 
     def whole_run(self) -> Diagnosis:
-        """The diagnosis over every report of this process's run (since its resume)."""
-        return diagnose(combine(self.reports), self.context)
+        """The diagnosis over this process's run (since its resume), its start left out
+        (:func:`~distrl.throughput.steady`)."""
+        return diagnose(combine(steady(self.reports)), self.context)
 
     def finish(self, stream: TextIO | None) -> dict[str, Any]:
         """Print the whole run's diagnosis to ``stream`` (None: stdout) and return it for
