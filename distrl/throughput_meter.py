@@ -84,10 +84,11 @@ class ThroughputMeter:
         return figures, diagnose(figures, self.context)
 
     def recent(self, reports: int = 3) -> tuple[Figures, Diagnosis]:
-        """The figures of the last ``reports`` reports and their diagnosis: what the
-        progress line shows, steadier than one report's (the last before a stop may last
-        an instant)."""
-        figures = combine(self.reports[-reports:])
+        """The figures of the last ``reports`` reports (never the first, which spans the
+        start, once there is another) and their diagnosis: what the progress line shows,
+        steadier than one report's (the last before a stop may last an instant)."""
+        after_start = self.reports[1:] or self.reports  # the first spans the start
+        figures = combine(after_start[-reports:])
         return figures, diagnose(figures, self.context)
 
     def whole_run(self) -> Diagnosis:
