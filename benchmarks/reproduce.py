@@ -338,7 +338,8 @@ def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_
         "curve": interval_returns(events.frames, events.returns, width)
         if events is not None else [],
         "eval": evaluation or None,
-        "throughput": run_throughput(run.run_dir),
+        "throughput": (run_throughput(run.run_dir)
+                       if events is not None and events.has_throughput else None),
     }
 
 

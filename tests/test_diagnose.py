@@ -331,7 +331,9 @@ def test_the_cli_reads_a_runs_events_and_reproduce_records_it(tmp_path, capsys):
                        "about 0.7 processes' worth of time)")
     sys.path.insert(0, str(REPO / "benchmarks"))
     import reproduce
+    import suite
 
+    assert suite.read_events(run_dir).has_throughput  # reproduce asks only such runs
     record = reproduce.run_throughput(run_dir)  # python -m distrl.diagnose --json
     assert record["bound"] == "learner" and record["reports"] == 2  # the start left out
     assert record["margin"] == pytest.approx(diagnose(LEARNER_BOUND, IMPALA_2_ACTORS).margin)
