@@ -19,6 +19,8 @@ one SIGTERM to every run (distrl then checkpoints and exits), waits up to
 
 Each attempt appends a record to ``<out>/summary.jsonl`` and ``<run dir>/attempts.jsonl``;
 an attempt that ended on its own (finished or failed) also writes ``<run dir>/summary.json``.
+A record holds the run's throughput diagnosis (``throughput``: which side bounded it and
+what to change, as ``python -m distrl.diagnose`` prints it), read from its events.
 The exit code is 1 when a run failed, and the last line lists the failed runs.
 """
 
@@ -336,7 +338,21 @@ def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_
         "curve": interval_returns(events.frames, events.returns, width)
         if events is not None else [],
         "eval": evaluation or None,
+        "throughput": (run_throughput(run.run_dir)
+                       if events is not None and events.has_throughput else None),
     }
+
+
+def run_throughput(run_dir: Path) -> dict[str, Any] | None:
+    """The run's throughput diagnosis over all its reports, by ``python -m distrl.diagnose
+    --json`` in its own process (this one stays free of torch), or None where the events
+    hold none (log.tensorboard=false, no report yet) or it failed."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "distrl.diagnose", "--json", str(run_dir)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None
 
 
 def dry_run(runs: list[Run], args: argparse.Namespace) -> None:

@@ -43,6 +43,7 @@ RANDOM: dict[str, float] = {"Breakout": 0.5}  # uniform random play, where known
 NORMALISER = "DQN"  # IQM scores are return / DQN's return at 5M frames
 
 FINAL_EPISODES = 100  # the final return: mean of the last 100 training episodes
+THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.diagnose.RAW: each report's figures
 RETURN_TAG = "episode/return"  # distrl.logging.MetricLogger.episode, step = env frames
 EVAL_PREFIX = "eval/"  # distrl.evaluation: eval/return_mean, ... at the last frame
 SUMMARY = "summary.json"
@@ -104,6 +105,8 @@ class RunEvents:
     last_frame: int  # the largest step of any scalar: env frames reached
     fps_mean: float | None  # mean of perf/fps reports
     evaluation: dict[str, float] = field(default_factory=dict)  # eval/* without the prefix
+    # the run logged its throughput figures (python -m distrl.diagnose can read them)
+    has_throughput: bool = False
 
     @property
     def episodes(self) -> int:
@@ -137,7 +140,8 @@ def read_events(run_dir: Path) -> RunEvents | None:
             evaluation[tag.removeprefix(EVAL_PREFIX)] = float(scalars[-1].value)
         if tag == "perf/fps" and scalars:
             fps_mean = float(np.mean([s.value for s in scalars]))
-    return RunEvents(frames, returns, int(last_frame), fps_mean, evaluation)
+    has_throughput = any(tag.startswith(THROUGHPUT_PREFIX) for tag in tags)
+    return RunEvents(frames, returns, int(last_frame), fps_mean, evaluation, has_throughput)
 
 
 def final_return(returns: np.ndarray, last: int = FINAL_EPISODES) -> float | None:

@@ -8,9 +8,10 @@ its own sink; :class:`UnrollSink` fills fixed-length unrolls into shared slots.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -82,6 +83,9 @@ class ActorStats:
     env_wait_s: float = 0.0
     policy_s: float = 0.0
     sink_wait_s: float = 0.0
+    # handing steps to the sinks (slot copies, n-step writing, a replay actor's initial
+    # priorities) and pulling weights; waits for a free slot are in sink_wait_s
+    copy_s: float = 0.0
     policy_version: int = 0
 
     def absorb(self, other: ActorStats) -> None:
@@ -95,7 +99,7 @@ class ActorStats:
         out = ActorStats(**vars(self))
         self.frames = self.steps = 0
         self.episode_returns, self.episode_lengths = [], []
-        self.env_wait_s = self.policy_s = self.sink_wait_s = 0.0
+        self.env_wait_s = self.policy_s = self.sink_wait_s = self.copy_s = 0.0
         return out
 
 
@@ -318,19 +322,30 @@ class Actor:
             start = time.perf_counter()
             env_step = group.env.recv()
             self.stats.env_wait_s += time.perf_counter() - start
-            group.observe(env_step)
+            with self._copying():
+                group.observe(env_step)
             count_step(self.stats, env_step, group.env.frames_per_step)
             self._act(group, torch.from_numpy(env_step.observations))
 
     def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:
-        version = self.pull_weights()
+        with self._copying():
+            version = self.pull_weights()
         start = time.perf_counter()
         output = (group.policy or self.policy)(observations, group.core_state,
                                                group.last_actions, group.last_rewards)
         self.stats.policy_s += time.perf_counter() - start
         self.stats.policy_version = version
-        group.acted(output, version)
+        with self._copying():
+            group.acted(output, version)
         group.env.send(output.actions.numpy())
+
+    @contextlib.contextmanager
+    def _copying(self) -> Iterator[None]:
+        """Count the block's time in ``stats.copy_s``, less what it waited for a free slot
+        (already in ``stats.sink_wait_s``)."""
+        start, waited = time.perf_counter(), self.stats.sink_wait_s
+        yield
+        self.stats.copy_s += time.perf_counter() - start - (self.stats.sink_wait_s - waited)
 
     def close(self) -> None:
         for group in self.groups:

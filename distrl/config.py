@@ -278,6 +278,9 @@ class DistributedConfig:
             )
 
 
+PROGRESS_MODES = ("auto", "bar", "lines")
+
+
 @dataclass
 class LogConfig:
     """Where and how often to report."""
@@ -286,10 +289,14 @@ class LogConfig:
     name: str = ""  # run name; empty: <agent>-<env>-seed<seed>
     interval_s: float = 5.0  # console report and scalar flush period
     tensorboard: bool = True
+    # the console report: auto (a live progress bar on an interactive terminal, else plain
+    # lines), bar, or lines (one `[distrl] frames=...` line per report, as log files get)
+    progress: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("log.interval_s", self.interval_s)
         check_run_name("log.name", self.name)
+        check_choice("log.progress", self.progress, PROGRESS_MODES)
 
 
 @dataclass

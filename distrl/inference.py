@@ -157,12 +157,17 @@ class InferenceServer:
     def step(self, wait_s: float = 0.1) -> int:
         """Serve one batch of requests (waiting up to ``wait_s`` for the first).
         Returns how many envs were served (0 if none asked)."""
+        started = time.perf_counter()
         batch, first_at = self._gather(wait_s)
+        self.stats.env_wait_s += time.perf_counter() - started  # the env workers' turn
         if not batch:
             return 0
         observations, served = [], []
         for channel in batch:
-            first, env_step = self.channels.take(channel)
+            started = time.perf_counter()
+            first, env_step = self.channels.take(channel)  # serial mode: the envs step here
+            self.stats.env_wait_s += time.perf_counter() - started
+            started, waited = time.perf_counter(), self.stats.sink_wait_s
             group = self.groups[channel]
             obs = torch.from_numpy(env_step.observations)
             if first:
@@ -178,12 +183,14 @@ class InferenceServer:
                     count_step(self.stats, env_step, self.frames_per_step)
             observations.append(obs)
             served.append(channel)
+            self._copied(started, waited)
         if not served:
             return 0
         batch = served
 
         sizes = [o.shape[0] for o in observations]
         groups = [self.groups[c] for c in batch]
+        started = time.perf_counter()
         policy = self.policy_for(batch) if self.policy_for is not None else self.policy
         with self.weights.lock:
             version = self.weights.version
@@ -197,6 +204,8 @@ class InferenceServer:
         actions = output.actions.cpu().split(sizes)
         extras = {k: v.cpu().split(sizes) for k, v in output.extras.items()}
         states = [s.cpu().split(sizes) for s in output.core_state]
+        self.stats.policy_s += time.perf_counter() - started
+        started, waited = time.perf_counter(), self.stats.sink_wait_s
         self.stats.policy_version = version
         now = time.monotonic()
         for k, (channel, group) in enumerate(zip(batch, groups, strict=True)):
@@ -205,10 +214,18 @@ class InferenceServer:
             group.acted(own, version)
             self.channels.answer(channel, actions[k])
             self.answered_at[channel] = now
+        self._copied(started, waited)
         with self.stats_lock:
             self.inference.batch_sizes.append(sum(sizes))
             self.inference.latency_s.append(time.perf_counter() - first_at)
         return sum(sizes)
+
+    def _copied(self, started: float, sink_wait_before: float) -> None:
+        """Count the time since ``started`` as copying (into unroll slots, sequence
+        writers, answers), less what the sinks waited for a free slot meanwhile."""
+        # max: the learner thread may have drained (zeroed) the counters meanwhile
+        waited = max(self.stats.sink_wait_s - sink_wait_before, 0.0)
+        self.stats.copy_s += time.perf_counter() - started - waited
 
     def drain(self) -> tuple[ActorStats, InferenceStats]:
         """The step counters and the inference figures since the last call."""

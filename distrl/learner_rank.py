@@ -5,6 +5,7 @@ the model (identical on every rank), the optimizer, the learner and the logger."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, re
 from distrl.logging import MetricLogger
 from distrl.run_dir import run_dir_for_ranks
 from distrl.run_settings import RunSettings, seed_everything
+from distrl.throughput_meter import ThroughputMeter, run_context
 from distrl.torsos import channels_last_for_training
 from distrl.weights import WeightStore
 
@@ -126,6 +128,14 @@ class LearnerRank:
         if self.resumed is None:
             logger.text("config", f"```\n{settings.config_text}\n```")
         return logger
+
+    def make_meter(self, serial: bool) -> ThroughputMeter:
+        """The throughput meter of this rank's loop; ``serial``: its actors take turns with
+        the learner in this process."""
+        settings = self.settings
+        context = run_context(settings.config_text, dataclasses.asdict(settings.distributed),
+                              settings.env.id)
+        return ThroughputMeter(context, serial, self.threads, self.device.type == "cuda")
 
     def announce(self, kernel_line: str, extra: str = "") -> None:
         """Rank 0 prints where the run writes, its topology and its ops path."""

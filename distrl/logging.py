@@ -77,8 +77,14 @@ class MetricLogger:
     def due(self) -> bool:
         return time.monotonic() - self._last_report >= self.interval_s
 
-    def report(self, frames: int, headline: dict[str, float]) -> dict[str, float]:
-        """Write accumulated means at ``frames``, print one line, reset. Returns the means."""
+    def interval_sum(self, name: str) -> float:
+        """The sum of ``name``'s samples since the last report (0 if none): e.g. the
+        seconds every actor report of the interval spent stepping envs."""
+        return self._sums.get(name, 0.0)
+
+    def write(self, frames: int, headline: dict[str, float]) -> dict[str, float]:
+        """Write accumulated means and ``headline`` at ``frames`` and reset, printing
+        nothing (the training loop prints its own progress). Returns the means."""
         means = {name: self._sums[name] / self._counts[name] for name in self._sums}
         means.update(headline)
         if self._writer is not None:
@@ -88,12 +94,18 @@ class MetricLogger:
                 if values:
                     self._writer.add_histogram(name, np.asarray(values), frames)
             self._writer.flush()
-        shown = " ".join(f"{name.split('/')[-1]}={_fmt(value)}" for name, value in headline.items())
-        print(f"[distrl] frames={frames} {shown}", file=self.stream or sys.stdout, flush=True)
         self._sums.clear()
         self._counts.clear()
         self._histograms.clear()
         self._last_report = time.monotonic()
+        return means
+
+    def report(self, frames: int, headline: dict[str, float]) -> dict[str, float]:
+        """:meth:`write`, then print ``headline`` on one line. Returns the means."""
+        means = self.write(frames, headline)
+        shown = " ".join(f"{name.split('/')[-1]}={format_value(value)}"
+                         for name, value in headline.items())
+        print(f"[distrl] frames={frames} {shown}", file=self.stream or sys.stdout, flush=True)
         return means
 
     def text(self, tag: str, text: str) -> None:
@@ -105,7 +117,8 @@ class MetricLogger:
             self._writer.close()
 
 
-def _fmt(value: float) -> str:
+def format_value(value: float) -> str:
+    """A console figure: integers whole, anything else to 4 significant digits."""
     whole = isinstance(value, float) and value.is_integer() and abs(value) < 1e9
     if isinstance(value, int) or whole:
         return str(int(value))

@@ -11,6 +11,7 @@ are told each update's new priorities (:class:`distrl.replay_learner.ReplayFeed`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +24,10 @@ from distrl import distributed, remote
 from distrl.actor import ActorStats
 from distrl.learner import Learner
 from distrl.logging import MetricLogger
+from distrl.progress import ProgressDisplay, ProgressReport, choose_mode
 from distrl.run_settings import RunSettings
 from distrl.supervisor import TooManyRestarts
+from distrl.throughput_meter import ThroughputMeter, run_context
 
 
 class Feed(Protocol):
@@ -49,6 +52,12 @@ class Feed(Protocol):
 
     def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
         """At each report: scalars to log, and figures for the printed line."""
+
+    def throughput(self, span_s: float) -> dict[str, float]:
+        """At each report, before :meth:`report`: what the feed knows of the throughput
+        since the last call, by :class:`~distrl.throughput.Figures` field names
+        (``learned_frames``; replay feeds ``sampled``, ``inserted``,
+        ``replay_ratio_target``, ``replay_fill``; ``slots_full`` where slots exist)."""
 
 
 _stop_signal: int | None = None  # the signal that stopped this process's latest run
@@ -141,6 +150,7 @@ def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> Non
     logger.add("actor/env_wait_s", stats.env_wait_s)
     logger.add("actor/policy_s", stats.policy_s)
     logger.add("actor/slot_wait_s", stats.sink_wait_s)  # waiting for a free slot
+    logger.add("actor/copy_s", stats.copy_s)
 
 
 def log_remote_actors(logger: MetricLogger, remote_actors: remote.RemoteActors | None,
@@ -164,7 +174,8 @@ def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,
 def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSettings,
           ranks: distributed.RankInfo | None, counters: dict[str, Any],
           save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None = None,
-          progress: Callable[[int, int], None] | None = None) -> int:
+          progress: Callable[[int, int], None] | None = None,
+          meter: ThroughputMeter | None = None) -> int:
     """Train until the frame budget is spent or a stop is asked (SIGINT/SIGTERM,
     ``should_stop(updates)``, ``stop_at_return``); returns the frames of all ranks.
 
@@ -175,6 +186,10 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     the same frames and mean return). ``counters["elapsed_s"]`` is kept current for the
     checkpoint; ``save_checkpoint(frames of all ranks)`` runs on every rank when rank 0's
     ``checkpoint.interval_s`` has passed; ``progress(updates, frames)`` after each update.
+
+    Each report measures the run's throughput with ``meter`` (which keeps the figures for
+    the run's summary; one for these settings if None), logs it under ``throughput/`` and
+    shows the progress line or bar (``log.progress``) with the side that bounds the run.
 
     Actors that fail more often than ``distributed.max_actor_restarts`` stop the run like a
     signal, and :class:`~distrl.supervisor.TooManyRestarts` is raised once its checkpoint is
@@ -187,7 +202,16 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     frames = feed.rank_frames() * world
     last_report = (frames, learner.updates, time.monotonic())
     failure: TooManyRestarts | None = None  # the actors failed too often: stop, checkpoint
-    with StopFlag() as signals:
+    if meter is None:
+        meter = ThroughputMeter(run_context(settings.config_text,
+                                            dataclasses.asdict(settings.distributed),
+                                            settings.env.id),
+                                settings.distributed.actors == 0, torch.get_num_threads(),
+                                learner.device is not None and learner.device.type == "cuda")
+    report = Reporter(logger, feed, learner, meter, settings.total_frames, ranks,
+                      ProgressDisplay(choose_mode(settings.log.progress, logger.stream),
+                                      logger.stream, settings.total_frames))
+    with StopFlag() as signals, contextlib.closing(report.display):
         while True:
             try:
                 fetched = feed.next_batch(lambda: signals.requested)
@@ -218,12 +242,12 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
             frames = agreement.frames
             if progress is not None:
                 progress(learner.updates, frames)
+            report.display.tick(frames)
             target = settings.stop_at_return
             stop_now = agreement.stop or (target is not None
                                           and agreement.mean_return_20 >= target)
             if logger.due() or stop_now:
-                last_report = _report(logger, feed, learner, frames, last_report,
-                                      agreement.mean_return_20, ranks)
+                last_report = report(frames, last_report, agreement.mean_return_20)
             if agreement.checkpoint:
                 with signals.checkpointing():
                     save_checkpoint(frames)
@@ -237,20 +261,43 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     return frames
 
 
-def _report(logger: MetricLogger, feed: Feed, learner: Learner, frames: int,
-            last: tuple[int, int, float], mean_20_all_ranks: float,
-            ranks: distributed.RankInfo | None) -> tuple[int, int, float]:
-    """Write the report line and its scalars; the new (frames, updates, time) mark."""
-    now = time.monotonic()
-    span = max(now - last[2], 1e-9)
-    scalars, headline = feed.report(span)
-    logger.add_many(scalars)
-    logger.report(frames, {
-        "perf/fps": (frames - last[0]) / span,  # all ranks
-        "perf/updates_per_s": (learner.updates - last[1]) / span,  # per rank
-        "learner/updates": learner.updates,
-        **headline,
-        "episode/mean_return_20": logger.mean_recent_return(20),
-        **({"episode/mean_return_20_all_ranks": mean_20_all_ranks} if ranks else {}),
-    })
-    return frames, learner.updates, now
+class Reporter:
+    """Each report: the feed's figures and the throughput diagnosis to tensorboard, and the
+    progress line (or bar) to the console."""
+
+    def __init__(self, logger: MetricLogger, feed: Feed, learner: Learner,
+                 meter: ThroughputMeter, total_frames: int,
+                 ranks: distributed.RankInfo | None, display: ProgressDisplay):
+        self.logger, self.feed, self.learner, self.meter = logger, feed, learner, meter
+        self.total_frames, self.ranks, self.display = total_frames, ranks, display
+
+    def __call__(self, frames: int, last: tuple[int, int, float],
+                 mean_20_all_ranks: float) -> tuple[int, int, float]:
+        """Write the report at ``frames``; the new (frames, updates, time) mark."""
+        logger, learner = self.logger, self.learner
+        now = time.monotonic()
+        span = max(now - last[2], 1e-9)
+        known = self.feed.throughput(span)
+        scalars, headline = self.feed.report(span)
+        logger.add_many(scalars)
+        figures, diagnosis = self.meter.measure(span, logger, known, learner.updates - last[1])
+        logger.add_many(figures.as_scalars())
+        logger.add_many(diagnosis.scalars())
+        fps = (frames - last[0]) / span  # all ranks
+        shown, recent = self.meter.recent()  # the last few reports: steadier
+        line = {
+            "perf/fps": fps,
+            "perf/updates_per_s": (learner.updates - last[1]) / span,  # per rank
+            "learner/updates": learner.updates,
+            **headline,
+            "episode/mean_return_20": logger.mean_recent_return(20),
+            **({"episode/mean_return_20_all_ranks": mean_20_all_ranks} if self.ranks else {}),
+        }
+        logger.write(frames, line)
+        self.display.show(ProgressReport(
+            frames, self.total_frames, fps, recent.figures["cpu_busy"], figures.cores,
+            figures.learner_rss + figures.actors_rss,
+            {"env": shown.env_s, "forward": shown.forward_s, "learn": shown.step_s,
+             "copy": shown.actor_copy_s + shown.learner_copy_s},
+            recent.short, {k: v for k, v in line.items() if k != "perf/fps"}))
+        return frames, learner.updates, now

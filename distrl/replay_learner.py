@@ -139,14 +139,17 @@ class ReplayInserts:
         self.counters, self.replay_ratio = counters, replay_ratio
         self.frames_per_step = frames_per_step
         self.logger: MetricLogger | None = None  # set when the run starts
+        self.seconds = 0.0  # spent inserting, this run
 
     def __call__(self, batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        start = time.perf_counter()
         self.prefetcher.settle()
         self.replay.add(batch, priorities)
         self.counters["frames"] += batch.env_steps * self.frames_per_step
         if len(self.replay) >= self.parts.replay.learning_starts and self.replay_ratio > 0:
             self.counters["update_credit"] += self.replay_ratio * batch.size / self.parts.batch_size
         self.logger.add("replay/inserted_per_batch", batch.size)
+        self.seconds += time.perf_counter() - start
 
 
 class ReplayFeed:
@@ -178,12 +181,15 @@ class ReplayFeed:
         self.replay_wait_s = self.learner_s = 0.0  # since the last report
         self.total_replay_wait_s = self.total_learner_s = 0.0
         self._last = (0, 0)  # the replay's inserted and sampled counts at the last report
+        self._start = self._marks = (0, 0, 0)  # frames, inserted, sampled: start, last call
 
     def start(self, experience: Any, logger: MetricLogger,
               remote_actors: remote.RemoteActors | None) -> None:
         self.experience, self.logger, self.remote_actors = experience, logger, remote_actors
         self.inserts.logger = logger
         self._last = (self.replay.inserted, self.replay.sampled)
+        self._start = self._marks = (self.counters["frames"], self.replay.inserted,
+                                     self.replay.sampled)
 
     def _can_update(self) -> bool:
         if len(self.replay) < self.parts.replay.learning_starts or len(self.replay) == 0:
@@ -215,6 +221,7 @@ class ReplayFeed:
     def next_batch(self, stop_requested: Callable[[], bool]
                    ) -> tuple[SampleBatch | SequenceSample, dict[str, float]] | None:
         self._loop_start = time.perf_counter()
+        inserting = self.inserts.seconds
         if self.replay_ratio == 0:  # free running: take whatever arrived
             self.experience.receive(timeout=0.0)
         data_wait = None if self.budget_spent() else self._wait_for_data(stop_requested)
@@ -224,7 +231,11 @@ class ReplayFeed:
         batch, waited = self.prefetcher.next()
         self.replay_wait_s += waited
         self.total_replay_wait_s += waited
-        return batch, {"learner/replay_wait_s": waited, "learner/data_wait_s": data_wait}
+        # Inserting what actor processes sent is the learner's copying; in one process the
+        # actor's own turn inserts (counted in its copy time), and is data_wait_s here.
+        inserted = 0.0 if self.experience.serial else self.inserts.seconds - inserting
+        return batch, {"learner/replay_wait_s": waited, "learner/data_wait_s": data_wait,
+                       "learner/insert_s": inserted}
 
     def after_update(self, batch: SampleBatch | SequenceSample,
                      priorities: torch.Tensor | None) -> None:
@@ -277,3 +288,21 @@ class ReplayFeed:
         }
         self.replay_wait_s = self.learner_s = 0.0
         return scalars, {"replay/size": len(replay), "replay/ratio": sampled / max(inserted, 1)}
+
+    def throughput(self, span_s: float) -> dict[str, float]:
+        """Items sampled and inserted since the last call, and the frames' worth the learner
+        consumed: the items it sampled, in frames, over the replay ratio asked (uncapped:
+        the frames that arrived, all of which it trains on at whatever ratio results)."""
+        replay, frames = self.replay, self.counters["frames"]
+        marks = (frames, replay.inserted, replay.sampled)
+        arrived, inserted, sampled = (now - then for now, then in zip(marks, self._marks,
+                                                                       strict=True))
+        self._marks = marks
+        start_frames, start_inserted, _ = self._start
+        frames_per_item = (frames - start_frames) / max(replay.inserted - start_inserted, 1)
+        learned = (sampled * frames_per_item / self.replay_ratio if self.replay_ratio > 0
+                   else arrived)
+        return {"learned_frames": learned, "sampled": sampled, "inserted": inserted,
+                "replay_ratio_target": self.replay_ratio,
+                "replay_fill": len(replay) / self.parts.replay.capacity,
+                "slots_full": self.experience.occupancy()}

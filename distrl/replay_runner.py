@@ -70,7 +70,8 @@ def train_replay_agent(
 
     Returns:
         A summary: frames, updates, replay size and counters, mean return of the last 20
-        episodes, seconds the learner spent in its loop and waiting on replay, run_dir.
+        episodes, seconds the learner spent in its loop and waiting on replay, run_dir, and
+        ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
     kernel_line = check_kernel(settings)
     ranks = distributed.init_from_env(learner_ranks=settings.distributed.learner_ranks)
@@ -150,8 +151,10 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
             for sink, state in zip(experience.local_sinks, local_writer_states, strict=True):
                 sink.writer.load_state_dict(state)
         feed.start(experience, logger, remote_actors)
+        meter = rank.make_meter(serial=dist.actors == 0 and not remote_ranks)
         frames = loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
-                            should_stop, progress)
+                            should_stop, progress, meter=meter)
+        throughput = meter.finish(logger.stream)
         with loop.checkpointing():
             final = final_checkpoint(resumed, learner.updates,
                                      lambda: save_checkpoint(frames), announce=rank.main)
@@ -162,7 +165,8 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
             "mean_return_20": distributed.mean_over_ranks(logger.mean_recent_return(20), ranks),
             "run_dir": str(rank.run_dir), "checkpoint": str(final) if rank.main else "",
             "returns": list(logger.recent_returns), "learner_s": feed.total_learner_s,
-            "replay_wait_s": feed.total_replay_wait_s, **experience.summary(),
+            "replay_wait_s": feed.total_replay_wait_s, "throughput": throughput,
+            **experience.summary(),
         }
 
 

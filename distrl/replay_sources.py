@@ -208,7 +208,8 @@ class ReplayActorSource:
     A replay source has ``weights`` (what the learner publishes to), ``serial`` (the
     learner must call :meth:`step_local` to make data), :meth:`receive`, :meth:`drain`
     (``(actor id, counters)`` pairs), :meth:`check`, ``local_sinks`` (checkpointed
-    writers), :meth:`log` and :meth:`summary`.
+    writers), :meth:`occupancy` (of what waits to be inserted), :meth:`log` and
+    :meth:`summary`.
     """
 
     def __init__(self, ctx: ReplaySourceContext):
@@ -264,6 +265,12 @@ class ReplayActorSource:
             self.ctx.insert(*item)
             received += 1
         return received
+
+    def occupancy(self) -> float:
+        """Full batch slots / slots (NaN in one process, which has none)."""
+        if self.slots is None:
+            return float("nan")
+        return self.slots.pool.full_count() / self.slots.pool.num_slots
 
     def drain(self) -> list[tuple[int, ActorStats]]:
         drained = [(0, self.local_stats.drain())] if self.local_actor is not None else []

@@ -33,6 +33,7 @@ from distrl.config import ConfigError
 FREE = {
     "log.interval_s": "how often the console line is printed",
     "log.tensorboard": "whether scalars are written",
+    "log.progress": "how the console shows the run's progress",
     "checkpoint.*": "when checkpoints are written and what they hold, not what is learned",
     "eval.*": "played after training on the final weights",
     "stop_at_return": "an extra stopping condition; unlike total_frames it sets no schedule",

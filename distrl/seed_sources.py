@@ -21,6 +21,7 @@ import contextlib
 import functools
 import queue
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,17 +239,25 @@ class SeedReplaySource(_ServerSource):
         if self.serial:
             self.ctx.insert(batch, priorities.cpu())
             return
-        while True:
-            try:
-                self.arrived.put((batch, priorities.cpu()), timeout=0.5)
-                return
-            except queue.Full:
-                if self.stopping:
-                    raise ActorStopped from None
+        started = time.perf_counter()
+        try:
+            while True:
+                try:
+                    self.arrived.put((batch, priorities.cpu()), timeout=0.5)
+                    return
+                except queue.Full:
+                    if self.stopping:
+                        raise ActorStopped from None
+        finally:  # a full queue: the learner has not taken the earlier batches yet
+            self.stats.sink_wait_s += time.perf_counter() - started
 
     def step_local(self) -> None:
         assert self.server is not None
         self.server.step()
+
+    def occupancy(self) -> float:
+        """Sequence batches waiting to be inserted / the queue's room (NaN in serial mode)."""
+        return float("nan") if self.serial else self.arrived.qsize() / self.arrived.maxsize
 
     def receive(self, timeout: float) -> int:
         """Insert every batch the server made; wait up to ``timeout`` for one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,11 @@ class UnrollFeed:
         self.world = world
         self.logger: MetricLogger | None = None
         self.remote_actors: remote.RemoteActors | None = None
+        self._learned = counters["frames"]  # the frame count at the last throughput report
 
     def start(self, logger: MetricLogger, remote_actors: remote.RemoteActors | None) -> None:
         self.logger, self.remote_actors = logger, remote_actors
+        self._learned = self.counters["frames"]
 
     def next_batch(self, stop_requested: Callable[[], bool]
                    ) -> tuple[Unroll, dict[str, float]] | None:
@@ -65,10 +68,13 @@ class UnrollFeed:
             return None
         indices, waited = self.experience.next_batch(
             self.slots_per_batch, self.counters["frames"] == 0, self._collect_actor_stats)
+        start = time.perf_counter()
         unroll = to_unroll(self.pool.gather(indices))
         self.pool.release(indices)
+        copied = time.perf_counter() - start
         lag = self.learner.version - unroll.policy_versions.double().mean().item()
-        return unroll, {"learner/policy_lag": lag, "learner/batch_wait_s": waited}
+        return unroll, {"learner/policy_lag": lag, "learner/batch_wait_s": waited,
+                        "learner/copy_s": copied}
 
     def after_update(self, batch: Unroll, priorities: torch.Tensor | None) -> None:
         self.counters["frames"] += self.frames_per_update
@@ -92,6 +98,12 @@ class UnrollFeed:
     def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
         return {}, {}
 
+    def throughput(self, span_s: float) -> dict[str, float]:
+        """Frames this rank learned from since the last call, and the slots now full."""
+        learned, self._learned = self.counters["frames"] - self._learned, self.counters["frames"]
+        return {"learned_frames": learned / self.world,
+                "slots_full": self.pool.full_count() / self.pool.num_slots}
+
 
 def train_unroll_agent(
     parts: UnrollAgentParts,
@@ -109,7 +121,8 @@ def train_unroll_agent(
             SEED's inference server (:mod:`distrl.seed_sources`).
 
     Returns:
-        A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir.
+        A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir, and
+        ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
     per_group = settings.envs_per_group
     if parts.batch_size % per_group:
@@ -200,8 +213,10 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
         remote_actors = cleanup.enter_context(
             remote.RemoteActors(ranks, pool, experience.weights)) if remote_ranks else None
         feed.start(logger, remote_actors)
+        meter = rank.make_meter(serial=dist.actors == 0 and not remote_ranks)
         loop.train(learner, feed, logger, settings, ranks, counters, save_checkpoint,
-                   should_stop)
+                   should_stop, meter=meter)
+        throughput = meter.finish(logger.stream)
         with loop.checkpointing():
             final = (final_checkpoint(resumed, learner.updates, save_checkpoint)
                      if rank.main else "")
@@ -216,5 +231,5 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
             "mean_return_20": distributed.mean_over_ranks(logger.mean_recent_return(20), ranks),
             "run_dir": str(rank.run_dir),
             "checkpoint": str(final), "returns": list(logger.recent_returns),
-            **experience.summary(),
+            "throughput": throughput, **experience.summary(),
         }

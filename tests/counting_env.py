@@ -4,6 +4,8 @@
 steps, so a test can tell whether consecutive observations of one env belong together:
 an unroll or transition stitched from two actors' pieces, or cut short, shows at once.
 ``DistrlHangAfter-v0``: the same, but its 30th step never returns (a hung env).
+``DistrlSlowCount-v0``: the same, but every step takes ``SLOW_STEP_S`` (a slow env, which
+makes a run actor-bound on purpose).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import gymnasium
 import numpy as np
 
 EPISODE_STEPS = 40
+SLOW_STEP_S = 0.002
 
 
 class Count(gymnasium.Env):
     observation_space = gymnasium.spaces.Box(-1.0, 1e6, (4,), np.float32)
     action_space = gymnasium.spaces.Discrete(2)
     hang_at: int | None = None
+    step_s = 0.0
 
     def _obs(self) -> np.ndarray:
         return np.array([self.t, 1.0, 0.0, 0.0], np.float32)
@@ -31,6 +35,8 @@ class Count(gymnasium.Env):
 
     def step(self, action):
         self.t += 1
+        if self.step_s:
+            time.sleep(self.step_s)
         if self.hang_at is not None and self.t >= self.hang_at:
             time.sleep(3600)
         return self._obs(), float(action), self.t >= EPISODE_STEPS, False, {}
@@ -40,6 +46,11 @@ class HangAfter(Count):
     hang_at = 30
 
 
-for _name, _entry in (("DistrlCount-v0", Count), ("DistrlHangAfter-v0", HangAfter)):
+class SlowCount(Count):
+    step_s = SLOW_STEP_S
+
+
+for _name, _entry in (("DistrlCount-v0", Count), ("DistrlHangAfter-v0", HangAfter),
+                      ("DistrlSlowCount-v0", SlowCount)):
     if _name not in gymnasium.registry:
         gymnasium.register(_name, entry_point=_entry)

@@ -265,6 +265,7 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     (("eval.epsilon=2",), "eval.epsilon must lie in [0, 1], got 2.0"),
     (("checkpoint.keep=0",), "checkpoint.keep must be a positive number, got 0"),
     (("checkpoint.interval_s=0",), "checkpoint.interval_s must be a positive number, got 0.0"),
+    (("log.progress=fancy",), "log.progress must be one of auto, bar, lines; got 'fancy'"),
     # what Hydra refuses while composing the config
     (("agent.optimizer.lrr=1",),
      "Could not override 'agent.optimizer.lrr': Key 'lrr' not in 'OptimizerConfig'"),

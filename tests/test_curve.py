@@ -1,0 +1,51 @@
+"""benchmarks/curve.py: a run's binned return curve as a Markdown table and a PNG, from a
+tiny events directory written by distrl's MetricLogger."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from distrl.logging import MetricLogger
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import curve  # noqa: E402
+
+
+def _run_dir(root: Path) -> Path:
+    """Ten episodes, returning 1 .. 10, ending at frames 100 .. 1000."""
+    run_dir = root / "run"
+    logger = MetricLogger(str(run_dir), stream=open(os.devnull, "w"))  # noqa: SIM115
+    for k in range(1, 11):
+        logger.episode(float(k), 10, 100 * k)
+    logger.close()
+    return run_dir
+
+
+def test_table_and_png_beside_it(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    curve.main([str(run_dir), "--bins", "5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:9] == [
+        "10 episodes up to 1,200 frames",
+        "| frames | episodes | mean raw return | min | max |", "|---|---|---|---|---|",
+        "| 0-200 | 1 | 1.00 | 1 | 1 |", "| 200-400 | 2 | 2.50 | 2 | 3 |",
+        "| 400-600 | 2 | 4.50 | 4 | 5 |", "| 600-800 | 2 | 6.50 | 6 | 7 |",
+        "| 800-1,000 | 2 | 8.50 | 8 | 9 |", "| 1,000-1,200 | 1 | 10.00 | 10 | 10 |"]
+    png = run_dir / "curve.png"
+    assert lines[9] == f"curve: {png}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).shape[:2] == (400, 700)  # 7 x 4 inches at 100 dpi
+
+
+def test_png_goes_where_asked(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    out = tmp_path / "elsewhere.png"
+    curve.main([str(run_dir), "--png", str(out)])
+    assert out.is_file() and not (run_dir / "curve.png").exists()
+    assert capsys.readouterr().out.splitlines()[-1] == f"curve: {out}"

@@ -1,0 +1,95 @@
+"""The console progress: the plain line's content for a hand-made report, the choice
+between a live bar and plain lines (log.progress), and its config error."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from distrl.config import ConfigError, LogConfig
+from distrl.progress import (
+    ProgressDisplay,
+    ProgressReport,
+    choose_mode,
+    duration_text,
+    format_line,
+)
+
+REPORT = ProgressReport(
+    frames=120_000, total_frames=5_000_000, fps=28_900.0, cpu_busy=1.94, cores=2.0,
+    memory_bytes=1.2 * 2**30,
+    split={"env": 41.0, "forward": 22.0, "learn": 30.0, "copy": 7.0},
+    bound="learner x2.3",
+    extra={"perf/updates_per_s": 46.25, "learner/updates": 183,
+           "episode/mean_return_20": 3.1})
+
+
+def test_the_plain_line_shows_progress_speed_time_to_go_cpu_memory_split_and_bound():
+    # 4,880,000 frames to go at 28,900 frames/s: 168.9 s
+    assert format_line(REPORT) == (
+        "[distrl] frames=120000/5000000 (2.4%) fps=28900 eta=2m49s cpu=1.9/2 mem=1.2GiB "
+        "time=env 41% fwd 22% learn 30% copy 7% bound=learner x2.3 updates_per_s=46.25 "
+        "updates=183 mean_return_20=3.1")
+
+
+def test_the_line_before_anything_is_measured():
+    start = ProgressReport(frames=0, total_frames=1000, fps=0.0)
+    assert format_line(start) == ("[distrl] frames=0/1000 (0.0%) fps=0 eta=? cpu=? mem=? "
+                                  "time=? bound=?")
+    done = ProgressReport(frames=1040, total_frames=1000, fps=50.0)
+    assert "frames=1040/1000 (100.0%)" in format_line(done) and "eta=0s" in format_line(done)
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (45, "45s"), (168.9, "2m49s"),
+                                           (3600 * 3 + 7 * 60 + 20, "3h07m"),
+                                           (math.nan, "?"), (math.inf, "?")])
+def test_time_to_go_text(seconds, text):
+    assert duration_text(seconds) == text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_mode_bar_only_on_an_interactive_terminal(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm")
+    assert choose_mode("auto", _Terminal()) == "bar"
+    assert choose_mode("auto", io.StringIO()) == "lines"  # a log file, a pipe, CI
+    assert choose_mode("lines", _Terminal()) == "lines"  # forced plain lines
+    assert choose_mode("bar", io.StringIO()) == "bar"
+    monkeypatch.setenv("TERM", "dumb")
+    assert choose_mode("auto", _Terminal()) == "lines"
+    closed = io.StringIO()
+    closed.close()
+    assert choose_mode("auto", closed) == "lines"
+
+
+def test_a_bad_progress_setting_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match=r"^log\.progress must be one of auto, bar, lines; "
+                                          r"got 'fancy'$"):
+        LogConfig(progress="fancy")
+    with pytest.raises(ValueError, match="log.progress must be one of"):
+        choose_mode("fancy", io.StringIO())
+
+
+def test_lines_mode_prints_one_line_per_report_and_nothing_between():
+    out = io.StringIO()
+    display = ProgressDisplay("lines", out, 5_000_000)
+    display.tick(60_000)
+    display.show(REPORT)
+    display.tick(130_000)
+    display.close()
+    assert out.getvalue() == format_line(REPORT) + "\n"
+
+
+def test_bar_mode_draws_the_panel():
+    out = io.StringIO()
+    display = ProgressDisplay("bar", out, 5_000_000)
+    display.show(REPORT)
+    display.close()
+    text = out.getvalue()
+    assert "frames 120,000 / 5,000,000 (2.4%)" in text and "eta 2m49s" in text
+    assert "bound learner x2.3" in text and "cpu 1.9 of 2 cores" in text
