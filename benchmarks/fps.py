@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import agents  # noqa: E402
-from distrl.config import register_configs  # noqa: E402
+from distrl.config import is_auto, register_configs  # noqa: E402
 from distrl.envs import atari_rom, is_atari  # noqa: E402
 
 
@@ -72,11 +72,12 @@ def learner_config(cfg):
 
 
 def time_training(cfg, warmup_updates: int,
-                  updates: int) -> tuple[float, float, float | None, float | None]:
+                  updates: int) -> tuple[float, float, float | None, float | None, str]:
     """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
     timed part and, for replay agents, the fraction of learner time spent waiting on the
     replay (the prefetched sample) over the whole run; for SEED, the mean inference batch
-    (envs per call) over the whole run."""
+    (envs per call) over the whole run; and the cores the learner process and its
+    children used over the whole run (the run's throughput diagnosis)."""
     stamps: dict[int, float] = {}
     frames_at: dict[int, int] = {}
 
@@ -105,7 +106,10 @@ def time_training(cfg, warmup_updates: int,
     else:  # an update consumes a fixed number of frames
         frames = updates * result["frames"] / result["updates"]
         wait = None
-    return frames / span, updates / span, wait, result.get("inference_batch_mean")
+    figures = (result.get("throughput") or {}).get("figures") or {}
+    cpu = (f"cpu: learner {figures.get('cpu_learner') or 0:.2f} cores, actors "
+           f"{figures.get('cpu_actors') or 0:.2f}")
+    return frames / span, updates / span, wait, result.get("inference_batch_mean"), cpu
 
 
 def ale_random_fps(
@@ -153,27 +157,30 @@ def main() -> None:
     seed = cfg.agent.name == "seed"
     fps, ups, waits, batches, twin_fps, vs_fps, vs_ups = [], [], [], [], [], [], []
     for repeat in range(args.repeats):
-        f, u, w, b = time_training(load_config(overrides), args.warmup_updates, args.updates)
+        f, u, w, b, cpu = time_training(load_config(overrides), args.warmup_updates,
+                                        args.updates)
         fps.append(f)
         ups.append(u)
         waits.append(w)
         batches.append(b)
         shown = "" if w is None else f", {100 * w:.3f}% of learner time waiting on replay"
         shown += "" if b is None else f", mean inference batch {b:.1f} envs"
-        print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s{shown}", flush=True)
+        print(f"repeat {repeat}: {f:,.0f} frames/s, {u:.3f} updates/s{shown}, {cpu}",
+              flush=True)
         if seed:
-            f, u, _, _ = time_training(load_config(twin_overrides(overrides, cfg.agent.learner)),
-                                       args.warmup_updates, args.updates)
+            f, u, _, _, cpu = time_training(
+                load_config(twin_overrides(overrides, cfg.agent.learner)),
+                args.warmup_updates, args.updates)
             twin_fps.append(f)
-            print(f"repeat {repeat}: {cfg.agent.learner} {f:,.0f} frames/s, {u:.3f} updates/s",
-                  flush=True)
+            print(f"repeat {repeat}: {cfg.agent.learner} {f:,.0f} frames/s, {u:.3f} updates/s,"
+                  f" {cpu}", flush=True)
         if args.vs:
-            f, u, _, _ = time_training(load_config(overrides + args.vs), args.warmup_updates,
-                                       args.updates)
+            f, u, _, _, cpu = time_training(load_config(overrides + args.vs),
+                                            args.warmup_updates, args.updates)
             vs_fps.append(f)
             vs_ups.append(u)
             print(f"repeat {repeat}: with {' '.join(args.vs)}: {f:,.0f} frames/s, "
-                  f"{u:.3f} updates/s", flush=True)
+                  f"{u:.3f} updates/s, {cpu}", flush=True)
     median_fps = statistics.median(fps)
     shown = "" if waits[0] is None else (
         f", {100 * statistics.median(waits):.3f}% of learner time waiting on replay")
@@ -197,7 +204,8 @@ def main() -> None:
               f"trained steps/s, plus {learner.burn_in} burn-in and {learner.n_step} "
               f"bootstrap steps per sequence)")
     if is_atari(cfg.env.id):
-        envs = max(dist.actors, 1) * dist.envs_per_actor
+        envs = (64 if is_auto(dist.actors) or is_auto(dist.envs_per_actor)
+                else max(dist.actors, 1) * dist.envs_per_actor)
         ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1,
                              frame_skip=cfg.env.frame_skip)
         print(f"ale-py AtariVectorEnv alone ({envs} envs, {os.cpu_count()} threads, random "

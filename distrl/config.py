@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from omegaconf import MISSING
 
@@ -55,6 +55,23 @@ def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     """Raise ConfigError unless ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+AUTO = "auto"  # a distributed.* size chosen at the start of the run (distrl.sizing)
+
+
+def is_auto(value: Any) -> bool:
+    """Whether a setting says ``auto``."""
+    return isinstance(value, str) and value == AUTO
+
+
+def check_count_or_auto(name: str, value: Any, minimum: int = 1) -> None:
+    """Raise ConfigError unless ``value`` is ``auto`` or an int >= ``minimum``."""
+    if is_auto(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be auto or a whole number >= {minimum}, "
+                          f"got {value!r}")
 
 
 def check_count(name: str, value: Any) -> None:
@@ -235,17 +252,24 @@ class ModelConfig:
 
 @dataclass
 class DistributedConfig:
-    """Process topology on one host. ``actors: 0`` runs actor and learner in one process."""
+    """Process topology on one host. ``actors: 0`` runs actor and learner in one process.
 
-    actors: int = 2  # actor processes; 0 = serial mode (one process, for debugging and tests)
-    envs_per_actor: int = 32  # environments each actor steps as one batch
-    env_groups: int = 2  # envs split into groups stepped while the policy runs on another
+    ``auto`` (the default of the four sized fields) lets :mod:`distrl.sizing` choose at the
+    start of a run: for Atari from the cores and a two-second measurement of what a frame
+    costs each side, elsewhere the hand-set 2 actors x 32 envs in 2 groups.
+    """
+
+    # actor processes (SEED: env worker processes); 0 = serial mode (one process, for
+    # debugging and tests)
+    actors: Union[int, str] = AUTO
+    envs_per_actor: Union[int, str] = AUTO  # environments each actor steps as one batch
+    # envs split into groups stepped while the policy runs on another
+    env_groups: Union[int, str] = AUTO
     env_threads: int = 1  # threads of each Atari vector env group
-    # Torch threads in the learner process; 0 (auto): every core of this process's share
-    # (cores / ranks on the host) for Atari-sized images, whose convolutions split well
-    # (Pong: IMPALA +11% frames/s, Ape-X +38% updates/s with 2 threads on 2 cores), and 1
-    # for vectors, small grids and a GPU learner (R2D2 on CartPole ran 55% slower with 2).
-    learner_threads: int = 0
+    # Torch threads in the learner process. auto on Atari: measured (distrl.sizing); else
+    # (and 0): 1 for vectors, small grids and a GPU learner (R2D2 on CartPole ran 55%
+    # slower with 2), every core of this process's share for other pixel observations.
+    learner_threads: Union[int, str] = AUTO
     actor_threads: int = 1  # torch threads in each actor process
     slots: int = 0  # shared unroll slots; 0 = 2 x the slots one batch needs x actors
     start_timeout_s: float = 120.0  # how long to wait for actors to produce their first unroll
@@ -262,16 +286,18 @@ class DistributedConfig:
     resync_interval: int = 1000
 
     def __post_init__(self) -> None:
-        check_non_negative("distributed.actors", self.actors)
+        check_count_or_auto("distributed.actors", self.actors, minimum=0)
+        check_count_or_auto("distributed.envs_per_actor", self.envs_per_actor)
+        check_count_or_auto("distributed.env_groups", self.env_groups)
+        check_count_or_auto("distributed.learner_threads", self.learner_threads, minimum=0)
         check_non_negative("distributed.learner_ranks", self.learner_ranks)
         check_non_negative("distributed.resync_interval", self.resync_interval)
-        check_non_negative("distributed.learner_threads", self.learner_threads)
-        for name in ("envs_per_actor", "env_groups", "env_threads", "actor_threads",
-                     "start_timeout_s", "actor_timeout_s"):
+        for name in ("env_threads", "actor_threads", "start_timeout_s", "actor_timeout_s"):
             check_positive(f"distributed.{name}", getattr(self, name))
         check_non_negative("distributed.slots", self.slots)
         check_non_negative("distributed.max_actor_restarts", self.max_actor_restarts)
-        if self.envs_per_actor % self.env_groups:
+        if (not is_auto(self.envs_per_actor) and not is_auto(self.env_groups)
+                and self.envs_per_actor % self.env_groups):
             raise ConfigError(
                 f"distributed.envs_per_actor ({self.envs_per_actor}) must be a multiple of "
                 f"distributed.env_groups ({self.env_groups})"

@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from distrl import distributed, ops
-from distrl.config import ConfigError, OptimizerConfig
+from distrl.config import ConfigError, OptimizerConfig, is_auto
 from distrl.envs import make_envs
 from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, resolve_device
 from distrl.logging import MetricLogger
 from distrl.run_dir import run_dir_for_ranks
 from distrl.run_settings import RunSettings, seed_everything
+from distrl.sizing import machine_cores
 from distrl.throughput_meter import ThroughputMeter, run_context
 from distrl.torsos import channels_last_for_training
 from distrl.weights import WeightStore
@@ -49,19 +50,18 @@ def probe_env(settings: RunSettings) -> EnvProbe:
         probe.close()
 
 
-def learner_thread_count(requested: int, obs_shape: tuple[int, ...],
+def learner_thread_count(requested: int | str, obs_shape: tuple[int, ...],
                          device: torch.device) -> int:
-    """``distributed.learner_threads``, 0 (auto) resolved: 1 for a GPU learner and for
-    observations too small for a convolution to split (vectors, MinAtar's 10x10 grids),
-    else this process's share of the cores (all of them, divided among the ranks that
-    torchrun starts on this host)."""
-    if requested > 0:
-        return requested
+    """``distributed.learner_threads``, 0 or ``auto`` resolved (:func:`distrl.sizing.resolve`
+    has already measured Atari's): 1 for a GPU learner and for observations too small for
+    a convolution to split (vectors, MinAtar's 10x10 grids), else this process's share of
+    the cores (all of them, divided among the ranks that torchrun starts on this host)."""
+    if not is_auto(requested) and int(requested) > 0:
+        return int(requested)
     atari_sized = len(obs_shape) == 3 and min(obs_shape[1:]) >= 36
     if device.type == "cuda" or not atari_sized:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return machine_cores()
 
 
 def check_kernel(settings: RunSettings) -> str:

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from distrl import checkpoint, distributed, loop, remote
+from distrl import checkpoint, distributed, loop, remote, sizing
 from distrl.actor_ranks import refuse_actor_ranks_for, serve_replay_actor_rank
 from distrl.agent_parts import ReplayAgentParts
 from distrl.config import OptimizerConfig
 from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
-from distrl.learner import Learner
+from distrl.learner import Learner, resolve_device
 from distrl.learner_rank import LearnerRank, check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.replay.buffer import ReplayBuffer
@@ -73,6 +73,14 @@ def train_replay_agent(
         episodes, seconds the learner spent in its loop and waiting on replay, run_dir, and
         ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
+    fmt = parts.experience
+    settings = sizing.resolve(
+        settings, parts.make_model, batch_size=None,
+        learner_batch=parts.batch_size * fmt.trained_steps,
+        passes=sizing.learner_passes(parts.replay_ratio, fmt.steps_per_item,
+                                     fmt.trained_steps, fmt.forward_only_steps),
+        central_inference=sizing.runs_inference(source),
+        device=resolve_device(parts.device))
     kernel_line = check_kernel(settings)
     ranks = distributed.init_from_env(learner_ranks=settings.distributed.learner_ranks)
     try:

@@ -53,6 +53,8 @@ class _ServerSource:
     """What both SEED sources share: the inference model, the channels and workers, the
     server (and its thread), restarts, and the inference figures."""
 
+    central_inference = True  # the learner's process runs every forward pass (sizing)
+
     def __init__(self, inference: InferenceSettings, make_model: Any,
                  learner_model: torch.nn.Module, obs_shape: tuple[int, ...], num_actions: int):
         self.settings = inference

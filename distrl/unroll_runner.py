@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from distrl import checkpoint, distributed, loop, memory, remote
+from distrl import checkpoint, distributed, loop, memory, remote, sizing
 from distrl.actor_ranks import serve_unroll_actor_rank
 from distrl.agent_parts import UnrollAgentParts
 from distrl.config import ConfigError
 from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
-from distrl.learner import Learner
+from distrl.learner import Learner, resolve_device
 from distrl.learner_rank import check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
 from distrl.queues import SlotPool
@@ -124,6 +124,12 @@ def train_unroll_agent(
         A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir, and
         ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
+    settings = sizing.resolve(
+        settings, parts.make_model, batch_size=parts.batch_size,
+        learner_batch=parts.unroll_length * parts.batch_size,
+        passes=sizing.learner_passes(None),
+        central_inference=sizing.runs_inference(source),
+        device=resolve_device(parts.device))
     per_group = settings.envs_per_group
     if parts.batch_size % per_group:
         raise ConfigError(

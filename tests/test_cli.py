@@ -257,7 +257,10 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     (("env.protocol=atari57",), "env.protocol must be one of deepmind, machado; got 'atari57'"),
     # env, topology, run, eval, checkpoint and log settings
     (("env.frame_skip=0",), "env.frame_skip must be a positive number, got 0"),
-    (("distributed.actors=-1",), "distributed.actors must be a number >= 0, got -1"),
+    (("distributed.actors=-1",),
+     "distributed.actors must be auto or a whole number >= 0, got -1"),
+    (("distributed.envs_per_actor=0",),
+     "distributed.envs_per_actor must be auto or a whole number >= 1, got 0"),
     (("distributed.envs_per_actor=3", "distributed.env_groups=2"),
      "distributed.envs_per_actor (3) must be a multiple of distributed.env_groups (2)"),
     (("seed=-1",), "seed must be a number >= 0, got -1"),
@@ -272,8 +275,7 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     (("distributed.nonsense=1",),
      "Could not override 'distributed.nonsense': Key 'nonsense' not in 'DistributedConfig'"),
     (("distributed.actors=abc",),
-     "Error merging override distributed.actors=abc: Value 'abc' of type 'str' could not be "
-     "converted to Integer"),
+     "distributed.actors must be auto or a whole number >= 0, got 'abc'"),
     (("agent.optimizer.lr=null",),
      "Error merging override agent.optimizer.lr=null: field 'agent.optimizer.lr' is not "
      "Optional"),
@@ -300,7 +302,7 @@ def test_bad_setting_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], t
         ("agent.batch_size", "0"),
         ("agent.unroll_length", "-5"),
         ("agent.optimizer.lr", "-1"),
-        ("distributed.envs_per_actor", "0"),
+        ("distributed.env_threads", "0"),
         ("total_frames", "0"),
         ("log.interval_s", "0"),
     ],

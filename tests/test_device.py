@@ -184,6 +184,7 @@ def test_auto_learner_threads_split_the_cores_only_for_atari_sized_images(monkey
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert learner_thread_count(0, (4, 84, 84), cpu) == 4
+    assert learner_thread_count("auto", (4, 84, 84), cpu) == 4  # auto where not measured
     assert learner_thread_count(0, (4, 84, 84), cuda) == 1
     assert learner_thread_count(0, (4,), cpu) == 1  # CartPole
     assert learner_thread_count(0, (4, 10, 10), cpu) == 1  # MinAtar
@@ -198,5 +199,5 @@ def test_negative_learner_threads_name_the_field():
     from distrl.config import DistributedConfig
 
     with pytest.raises(ConfigError, match=re.escape(
-            "distributed.learner_threads must be a number >= 0, got -1")):
+            "distributed.learner_threads must be auto or a whole number >= 0, got -1")):
         DistributedConfig(learner_threads=-1)

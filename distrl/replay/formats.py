@@ -33,6 +33,10 @@ class NStepFormat:
 
     batch_type = TransitionBatch
     steps_per_item = 1  # env steps one stored item stands for
+    # what the learner computes per sampled item (auto sizing's cost): the online network's
+    # forward and backward on the state, double-Q's online and target forwards on the next
+    trained_steps = 1
+    forward_only_steps = 2
 
     def make_writer(self, num_envs: int, frame_stack: Optional[int], stream: int) -> NStepWriter:
         return NStepWriter(num_envs, self.n, self.discount, frame_stack)
@@ -83,6 +87,17 @@ class SequenceFormat:
     @property
     def steps_per_item(self) -> int:
         return self.period
+
+    # what the learner computes per sampled sequence (auto sizing's cost): forward and
+    # backward over the trained steps and the bootstrap, forwards alone over the burn-in
+    # (online network) and the whole sequence (target network)
+    @property
+    def trained_steps(self) -> int:
+        return self.trace_length + self.bootstrap
+
+    @property
+    def forward_only_steps(self) -> int:
+        return self.burn_in + self.length
 
     def make_writer(self, num_envs: int, frame_stack: Optional[int],
                     stream: int) -> SequenceWriter:
