@@ -166,10 +166,10 @@ class RunContext:
         defaults = cls()
         return cls(
             agent=name, path=path, replay=replay, seed=name == "seed",
-            actors=int(dist.get("actors", defaults.actors)),
-            envs_per_actor=int(dist.get("envs_per_actor", defaults.envs_per_actor)),
-            env_groups=int(dist.get("env_groups", defaults.env_groups)),
-            learner_threads=int(dist.get("learner_threads", defaults.learner_threads)),
+            actors=_size(dist, "actors", defaults.actors),
+            envs_per_actor=_size(dist, "envs_per_actor", defaults.envs_per_actor),
+            env_groups=_size(dist, "env_groups", defaults.env_groups),
+            learner_threads=_size(dist, "learner_threads", defaults.learner_threads),
             actor_threads=int(dist.get("actor_threads", defaults.actor_threads)),
             batch_size=int(learner.get("batch_size", defaults.batch_size)),
             replay_ratio=float(learner.get("replay_ratio", 0.0) or 0.0),
@@ -179,6 +179,13 @@ class RunContext:
     @property
     def actor_side(self) -> str:
         return "env workers + inference" if self.seed else "actors"
+
+
+def _size(dist: Mapping[str, Any], name: str, default: int) -> int:
+    """A topology setting; ``auto`` (a config text written before sizing chose) reads as
+    the default."""
+    value = dist.get(name, default)
+    return default if value == "auto" else int(value)
 
 
 @dataclass

@@ -201,6 +201,10 @@ def test_context_reads_the_runs_own_settings_from_its_logged_config():
     assert ctx.async_envs  # Atari steps in ale-py's threads
     impala_ctx = run_context("agent:\n  name: impala\n  batch_size: 32\nenv:\n  id: CartPole-v1\n")
     assert (impala_ctx.path, impala_ctx.replay, impala_ctx.async_envs) == ("agent", False, False)
+    # a config text written before auto sizing chose reads as the hand-set defaults
+    auto_ctx = run_context("distributed:\n  actors: auto\n  envs_per_actor: 16\n"
+                           "  learner_threads: auto\n")
+    assert (auto_ctx.actors, auto_ctx.envs_per_actor, auto_ctx.learner_threads) == (2, 16, 0)
 
 
 # ---------------------------------------------------------------- whole runs
