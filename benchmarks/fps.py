@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import agents  # noqa: E402
+from distrl import sizing  # noqa: E402
 from distrl.config import is_auto, register_configs  # noqa: E402
 from distrl.envs import atari_rom, is_atari  # noqa: E402
 
@@ -204,7 +205,9 @@ def main() -> None:
               f"trained steps/s, plus {learner.burn_in} burn-in and {learner.n_step} "
               f"bootstrap steps per sequence)")
     if is_atari(cfg.env.id):
-        envs = (64 if is_auto(dist.actors) or is_auto(dist.envs_per_actor)
+        # auto: one actor's two groups, what sizing picks on 2 cores (the run prints its own)
+        envs = (2 * sizing.ATARI_ENVS_PER_GROUP
+                if is_auto(dist.actors) or is_auto(dist.envs_per_actor)
                 else max(dist.actors, 1) * dist.envs_per_actor)
         ale = ale_random_fps(atari_rom(cfg.env.id), envs, threads=os.cpu_count() or 1,
                              frame_skip=cfg.env.frame_skip)

@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from distrl.config import is_auto
+
 NAN = float("nan")
 BALANCED_WITHIN = 1.15  # capacities closer than this count as balanced
 BUSY = 0.7  # a side busier than this is not waiting much
@@ -185,7 +187,7 @@ def _size(dist: Mapping[str, Any], name: str, default: int) -> int:
     """A topology setting; ``auto`` (a config text written before sizing chose) reads as
     the default."""
     value = dist.get(name, default)
-    return default if value == "auto" else int(value)
+    return default if is_auto(value) else int(value)
 
 
 @dataclass
