@@ -23,6 +23,7 @@ from distrl.config import (
     ModelConfig,
     OptimizerConfig,
     check_choice,
+    check_count,
     check_device,
     check_non_negative,
     check_positive,
@@ -54,6 +55,10 @@ class ImpalaConfig:
     clip_c_threshold: Optional[float] = 1.0  # c-bar in eq. 1
     clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar of the policy gradient (4.2)
     vtrace_lambda: float = 1.0  # lambda of Remark 1: c_s = lambda * min(c-bar, rho_s)
+    # Gradient updates per batch, each on the same unrolls with V-trace recomputed under the
+    # weights the previous one left: sample reuse for short frame budgets (RLlib's IMPALA
+    # calls it num_epochs). The paper learns from each unroll once.
+    passes: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
@@ -73,6 +78,7 @@ class ImpalaConfig:
             if getattr(self, name) is not None:
                 check_positive(f"agent.{name}", getattr(self, name))
         check_unit_interval("agent.vtrace_lambda", self.vtrace_lambda)
+        check_count("agent.passes", self.passes)
         check_device("agent.device", self.device)
 
 
@@ -193,6 +199,7 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
         batch_size=cfg.batch_size,
         optimizer=cfg.optimizer,
         device=cfg.device,
+        passes=cfg.passes,
     )
 
 

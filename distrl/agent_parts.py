@@ -45,6 +45,7 @@ class UnrollAgentParts:
     # Where this agent's settings sit in the config, for messages naming one of them
     # (SEED nests its learner's under agent.impala / agent.r2d2).
     settings_path: str = "agent"
+    passes: int = 1  # gradient updates per batch (sample reuse; 1 in the paper)
 
 
 @dataclass

@@ -152,7 +152,8 @@ def pin_for(batch: Any, device: torch.device) -> Any:
 
 
 class Learner:
-    """Applies one gradient update per batch and publishes the new weights.
+    """Applies ``passes`` gradient updates per batch (one unless an agent reuses its
+    samples) and publishes the new weights after each.
 
     Args:
         model: the network being trained.
@@ -169,6 +170,10 @@ class Learner:
             not written back) and counted as ``learner/skipped_updates``; this many in a
             row raise :class:`Diverged`. Weights made non-finite by a step raise at once.
         optimizer_path: where the optimizer's settings sit in the config, for messages.
+        passes: gradient updates per batch, each recomputing the loss with the weights
+            the previous one left (IMPALA's ``agent.passes``: sample reuse, V-trace
+            correcting for the policy the earlier passes moved). Each pass counts as an
+            update (weight version, lr schedule); the metrics are the last pass's.
     """
 
     def __init__(
@@ -183,7 +188,10 @@ class Learner:
         device: torch.device | None = None,
         max_skipped_updates: int = 10,
         optimizer_path: str = "agent.optimizer",
+        passes: int = 1,
     ):
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"Learner: passes must be a whole number >= 1, got {passes!r}")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -196,6 +204,7 @@ class Learner:
         self.max_skipped_updates = max_skipped_updates
         self.optimizer_path = optimizer_path  # the config path the messages name
         self.skipped_in_a_row = self.skipped_updates = 0
+        self.passes = passes
 
     @property
     def version(self) -> int:
@@ -203,12 +212,23 @@ class Learner:
         return self.updates
 
     def step(self, batch: Any) -> tuple[dict[str, float], Any]:
-        """One update on ``batch``. Returns (metrics, priorities from loss_fn); priorities
-        are None when the update was skipped for a non-finite loss or gradient norm."""
+        """``passes`` updates on ``batch``. Returns (metrics, priorities from loss_fn) of the
+        last; priorities are None when that update was skipped for a non-finite loss or
+        gradient norm. ``learner/step_s`` times all the passes."""
         start = time.perf_counter()
         self.model.train()
         if self.device is not None and self.device.type != "cpu":
             batch = to_device(batch, self.device)
+        for _ in range(self.passes - 1):
+            self._update(batch)
+        metrics, priorities = self._update(batch)
+        metrics["learner/step_s"] = time.perf_counter() - start
+        if self.sync_gradients is not None:
+            metrics["learner/allreduce_s"] = self.sync_gradients.last_s
+        return metrics, priorities
+
+    def _update(self, batch: Any) -> tuple[dict[str, float], Any]:
+        """One gradient update on ``batch`` (already on the model's device)."""
         loss, metrics, priorities = self.loss_fn(self.model, batch)
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().cpu()  # the replay's sum tree is on the CPU
@@ -235,9 +255,6 @@ class Learner:
         metrics["learner/skipped_updates"] = float(skipped)
         metrics["learner/loss"] = loss_value
         metrics["learner/grad_norm"] = norm_value
-        metrics["learner/step_s"] = time.perf_counter() - start
-        if self.sync_gradients is not None:
-            metrics["learner/allreduce_s"] = self.sync_gradients.last_s
         return metrics, priorities
 
     def _skip(self, loss: float, grad_norm: float) -> None:

@@ -127,7 +127,7 @@ def train_unroll_agent(
     settings = sizing.resolve(
         settings, parts.make_model, batch_size=parts.batch_size,
         learner_batch=parts.unroll_length * parts.batch_size,
-        passes=sizing.learner_passes(None),
+        passes=sizing.learner_passes(None) * parts.passes,
         central_inference=sizing.runs_inference(source),
         device=resolve_device(parts.device))
     per_group = settings.envs_per_group
@@ -186,8 +186,9 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
                                             env.frames_per_step, pool, per_group))
     opt = parts.optimizer
     learner = rank.make_learner(parts.loss_fn, opt,
-                                math.ceil(settings.total_frames / frames_per_update),
-                                experience.weights, f"{parts.settings_path}.optimizer")
+                                math.ceil(settings.total_frames / frames_per_update) * parts.passes,
+                                experience.weights, f"{parts.settings_path}.optimizer",
+                                parts.passes)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt)

@@ -285,8 +285,8 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "MinAtar-Seaquest, MinAtar-SpaceInvaders, Pong"),
     (("+experiment=nope",),
      "In 'config': Could not find 'experiment/nope'; available options: apex_cartpole, "
-     "minatar_apex, minatar_impala, minatar_r2d2, minatar_seed, minatar_seed_r2d2, "
-     "r2d2_cartpole, seed_r2d2_cartpole"),
+     "atari_short_impala, atari_short_seed, minatar_apex, minatar_impala, minatar_r2d2, "
+     "minatar_seed, minatar_seed_r2d2, r2d2_cartpole, seed_r2d2_cartpole"),
     (("seed=[",), "cannot parse the override 'seed=[': no viable alternative at input '['"),
 ])
 def test_bad_setting_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path,

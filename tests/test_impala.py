@@ -139,6 +139,21 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert resumed["run_dir"] == part["run_dir"]
 
 
+def test_passes_update_twice_per_batch_and_spread_the_lr_schedule_over_all(tmp_path):
+    """agent.passes=2: 10 batches make 20 updates, and the linear schedule, planned over
+    all 20, reaches 0 at the last one."""
+    result = impala.run(cartpole_config(tmp_path, "passes", total_frames=10 * 640, passes=2))
+    assert result["frames"] == 10 * 640
+    assert result["updates"] == 20
+    assert result["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("passes", [0, 2.5])
+def test_passes_must_be_a_whole_number_naming_the_field(passes):
+    with pytest.raises(ConfigError, match=r"agent.passes must be an int >= 1"):
+        impala.ImpalaConfig(passes=passes)
+
+
 def test_stop_at_return_ends_the_run_once_the_last_20_episodes_reach_it(tmp_path):
     # Every CartPole episode returns at least 8: the run ends at the first update after
     # 20 episodes instead of running its 100k frames.

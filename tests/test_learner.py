@@ -152,6 +152,38 @@ def test_each_step_is_a_new_version_published_to_the_store() -> None:
         assert torch.equal(reader.weight, model.weight) and torch.equal(reader.bias, model.bias)
 
 
+def test_passes_make_that_many_updates_on_one_batch() -> None:
+    """passes=2: two SGD steps on the same batch, each from the weights the first left."""
+    model = _linear_model()
+    store = WeightStore(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    learner = Learner(model, _squared_error, optimizer, make_lr_schedule(optimizer, "constant", 1),
+                      max_grad_norm=100.0, weights=store, passes=2)
+    x = torch.tensor([[1.0, 2.0]])
+    metrics, _ = learner.step(x)
+    # loss = (w.x + b - 1)^2; out = 0.5 - 0.5 + 0.125 = 0.125, err -0.875:
+    #   pass 1: g = 2 * -0.875 * [1, 2, 1] = [-1.75, -3.5, -1.75] -> w [0.675, 0.1], b 0.3
+    #   pass 2: out = 0.675 + 0.2 + 0.3 = 1.175, err 0.175, g = 0.35 * [1, 2, 1]
+    #           -> w [0.64, 0.03], b 0.265
+    assert model.weight.detach().tolist()[0] == pytest.approx([0.64, 0.03], abs=1e-6)
+    assert model.bias.item() == pytest.approx(0.265, abs=1e-6)
+    assert metrics["learner/loss"] == pytest.approx(0.175 ** 2)  # the last pass's loss
+    assert learner.updates == store.version == 2
+
+
+def _squared_error(model, batch):
+    return ((model(batch) - 1.0) ** 2).sum(), {}, None
+
+
+@pytest.mark.parametrize("passes", [0, 1.5, True])
+def test_passes_must_be_a_whole_number(passes) -> None:
+    model = _linear_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"passes must be a whole number >= 1"):
+        Learner(model, _squared_error, optimizer, make_lr_schedule(optimizer, "constant", 1),
+                max_grad_norm=1.0, passes=passes)
+
+
 def _regression_learner(seed: int) -> Learner:
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))

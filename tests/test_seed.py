@@ -483,3 +483,16 @@ def test_the_learner_publishes_into_the_inference_model():
         model.weight.fill_(3.0)
     weights.publish(model, 4)
     assert weights.version == 4 and torch.equal(copy.weight, model.weight)
+
+
+def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(tmp_path):
+    """SEED's short-budget Atari preset trains IMPALA's learner with exactly the settings of
+    atari_short_impala (batch, passes, optimizer), on the same game, budget and evaluation,
+    so the two Pong runs compare like with like."""
+    seed_cfg = compose_preset(tmp_path, "atari_short_seed", "a")
+    plain_cfg = compose_preset(tmp_path, "atari_short_impala", "b")
+    assert seed_cfg.agent.learner == "impala"
+    assert seed_cfg.env == plain_cfg.env and seed_cfg.env.id == "Pong"
+    assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
+    assert dataclasses.asdict(seed_cfg.agent.impala) == dataclasses.asdict(plain_cfg.agent)
+    assert plain_cfg.agent.passes == 2  # what the preset is for: more updates per frame
