@@ -193,12 +193,32 @@ def test_lstm_matches_reference_equations() -> None:
     core, x, (h, c) = _core_inputs()
     resets = torch.zeros(x.shape[:2], dtype=torch.bool)
     resets[2, 0] = resets[4, 1] = resets[0, 2] = True
+    crowded = torch.zeros_like(resets)  # adjacent stretches of one step, one at the end
+    crowded[1, 0] = crowded[2, 1] = crowded[3, 0] = crowded[5, 2] = True
     with torch.no_grad():
-        for r in (resets, torch.zeros_like(resets)):  # step-by-step path, then fast path
+        # stretches between resets, then the one-call path without resets
+        for r in (resets, crowded, torch.zeros_like(resets)):
             y, (h_n, c_n) = core(x, (h, c), r)
             expected = _reference_lstm(core, x, h, c, r)
             torch.testing.assert_close(y, expected)
             torch.testing.assert_close(h_n, expected[-1])
+
+
+def test_lstm_gradients_match_reference_equations() -> None:
+    """The backward through the stretches between resets is the step-by-step one's."""
+    core, x, (h, c) = _core_inputs()
+    resets = torch.zeros(x.shape[:2], dtype=torch.bool)
+    resets[2, 0] = resets[3, 1] = resets[5, 2] = True
+    weights = torch.randn(x.shape[0], x.shape[1], core.hidden_size)
+    grads = []
+    for forward in (lambda xs: core(xs, (h, c), resets)[0],
+                    lambda xs: _reference_lstm(core, xs, h, c, resets)):
+        xs = x.clone().requires_grad_(True)
+        core.zero_grad()
+        (forward(xs) * weights).sum().backward()
+        grads.append((xs.grad, core.lstm.weight_hh_l0.grad.clone()))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
 
 
 def test_lstm_reset_starts_fresh() -> None:
