@@ -58,6 +58,8 @@ def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 AUTO = "auto"  # a distributed.* size chosen at the start of the run (distrl.sizing)
+# The distributed.* settings that may say auto; a run stores the numbers auto chose.
+AUTO_FIELDS = ("actors", "envs_per_actor", "env_groups", "learner_threads")
 
 
 def is_auto(value: Any) -> bool:

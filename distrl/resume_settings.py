@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distrl import checkpoint
-from distrl.config import ConfigError
+from distrl.config import AUTO_FIELDS, ConfigError, is_auto
 
 # Settings that may differ from the stored ones without being named, each with why: they
 # decide where and how the run reports, saves, evaluates or runs, not what it learns.
@@ -78,6 +78,15 @@ def _covers(name: str, path: str) -> bool:
 
 def _is_free(path: str) -> bool:
     return any(fnmatch.fnmatchcase(path, pattern) for pattern in FREE)
+
+
+def _sized_at_start(path: str, old_value: Any, new_value: Any) -> bool:
+    """Whether ``path`` is a ``distributed`` size given as ``auto`` that the run stored as
+    the number auto chose at its start (:func:`distrl.sizing.resolve`): the resumed run
+    keeps that topology, so the command that started a run also resumes it."""
+    section, _, name = path.partition(".")
+    return (section == "distributed" and name in AUTO_FIELDS and is_auto(new_value)
+            and not is_auto(old_value))
 
 
 def _show(value: Any) -> str:
@@ -157,6 +166,10 @@ def merge_resumed(stored: dict[str, Any], composed: dict[str, Any], schema: dict
         if path not in old or old[path] == new[path]:
             if path not in old:
                 _set(merged, path, new[path])
+            continue
+        if not _is_free(path) and _sized_at_start(path, old[path], new[path]):
+            lines.append(f"[distrl] resume: {path} {_show(old[path])} (auto chose it at the "
+                         "run's start)")
             continue
         named = any(_covers(name, path) for name in overrides)
         if _is_free(path) or (named and path not in FIXED):

@@ -44,7 +44,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from distrl.config import EnvConfig, is_auto
+from distrl.config import AUTO_FIELDS, EnvConfig, is_auto
 from distrl.envs import atari_rom, make_envs
 from distrl.run_settings import RunSettings
 
@@ -268,9 +268,6 @@ def machine_cores() -> int:
     """Cores this process may run on, divided among torchrun's ranks on this host."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, (cores or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-AUTO_FIELDS = ("actors", "envs_per_actor", "env_groups", "learner_threads")
 
 
 def resolve(settings: RunSettings, make_model: Callable[[tuple[int, ...], int], nn.Module],

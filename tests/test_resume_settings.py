@@ -103,6 +103,22 @@ def test_several_differing_values_are_named_on_one_line() -> None:
         "e.g. resume_overrides=[distributed.actors,total_frames]")
 
 
+def test_auto_keeps_the_sizes_auto_chose_at_the_runs_start() -> None:
+    # An Atari run stores the numbers auto sizing chose; the command that started it gives
+    # auto again (an env preset sets it), and resumes it with the same topology.
+    merged, lines = merge({"distributed.actors", "distributed.envs_per_actor"},
+                          **{"distributed.actors": "auto", "distributed.envs_per_actor": "auto"})
+    assert merged["distributed"] == stored_run()["distributed"]
+    assert lines == [
+        "[distrl] resume: distributed.actors 2 (auto chose it at the run's start)",
+        "[distrl] resume: distributed.envs_per_actor 16 (auto chose it at the run's start)",
+    ]
+    # A number other than the stored one is still a change to name.
+    with pytest.raises(ConfigError, match=r"^distributed.actors: this run was started with 2, "
+                                          r"the command line gives 1;"):
+        merge({"distributed.actors"}, **{"distributed.actors": 1})
+
+
 def test_a_named_value_is_taken_and_logged() -> None:
     merged, lines = merge({"total_frames", "agent.optimizer.lr"},
                           ("total_frames", "agent.optimizer.lr"), total_frames=200_000,
