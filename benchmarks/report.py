@@ -256,9 +256,9 @@ def cell_row(cell: Cell) -> str:
                 reached += f" (at {frames(budget)}, reference at {frames(REFERENCE_FRAMES)})"
     evals = [r.eval_return for r in done if r.eval_return is not None]
     eval_text = f"{np.mean(evals):.1f} ({len(evals)} seeds)" if evals else "—"
-    span = sorted({r.frames for r in done})
-    frames_text = "—" if not span else (frames(span[0]) if len(span) == 1 else
-                                        f"{frames(span[0])}–{frames(span[-1])}")
+    # Runs end a few frames past the budget (whole batches), so compare them as printed.
+    span = list(dict.fromkeys(frames(n) for n in sorted(r.frames for r in done)))
+    frames_text = "—" if not span else (span[0] if len(span) == 1 else f"{span[0]}–{span[-1]}")
     mean_text = "—" if cell.mean is None else f"{cell.mean:.1f}"
     return (f"| {cell.game} | {cell.agent} | {len(done)}/{len(cell.runs)} | {mean_text} | "
             f"{fmt_ci(cell.low, cell.high)} | {ref_text} | {reached} | {frames_text} | "

@@ -131,6 +131,17 @@ def test_reached_marks_against_each_agents_baseline(tmp_path):
     assert cell(tmp_path, "apex", "Breakout").reached is False
 
 
+def test_frames_column_names_a_range_only_where_the_budgets_differ(tmp_path):
+    # Runs stop a whole batch past their budget: 5,000,688 and 5,000,000 are one budget.
+    make_run(tmp_path, "apex", "Breakout", 0, [9.0] * 100, last_frame=5_000_688)
+    make_run(tmp_path, "apex", "Breakout", 1, [9.0] * 100, last_frame=5_000_000)
+    make_run(tmp_path, "r2d2", "Breakout", 0, [9.0] * 100, last_frame=1_000_000)
+    make_run(tmp_path, "r2d2", "Breakout", 1, [9.0] * 100, last_frame=5_000_000)
+    table = report.markdown(report.collect(tmp_path), 200, 0, "t")
+    assert row_of(table, "Breakout", "apex")[7] == "5.0M frames"
+    assert row_of(table, "Breakout", "r2d2")[7] == "1.0M frames–5.0M frames"
+
+
 def test_missing_failed_and_unfinished_runs_are_shown_never_dropped(tmp_path):
     write_grid(tmp_path, ["impala"], ["Breakout", "Seaquest"], [0, 1, 2, 3])
     make_run(tmp_path, "impala", "Breakout", 0, [20.0] * 100, eval_return=21.0)
