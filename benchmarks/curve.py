@@ -46,11 +46,14 @@ def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def bin_returns(frames: np.ndarray, returns: np.ndarray, bins: int) -> list[Bin]:
-    """Episodes grouped into ``bins`` equal spans of frames up to the last one (a final,
-    shorter bin holds the episodes at the last frame); empty bins are left out."""
-    width = max(int(frames.max()) // bins, 1)
-    index = frames // width
-    return [Bin(int(b * width), int((b + 1) * width), returns[index == b])
+    """Episodes grouped into ``bins`` equal spans of frames up to the last one; the last
+    span holds the episodes at the last frame (and the remainder of an uneven split), so
+    no bin reaches past the run. Empty bins are left out."""
+    last = int(frames.max())
+    width = max(last // bins, 1)
+    index = np.minimum(frames // width, bins - 1)
+    return [Bin(int(b * width), last if b == bins - 1 else int((b + 1) * width),
+                returns[index == b])
             for b in np.unique(index)]
 
 

@@ -29,14 +29,14 @@ def test_table_and_png_beside_it(tmp_path, capsys):
     run_dir = _run_dir(tmp_path)
     curve.main([str(run_dir), "--bins", "5"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:9] == [
-        "10 episodes up to 1,200 frames",
+    assert lines[:8] == [
+        "10 episodes up to 1,000 frames",
         "| frames | episodes | mean raw return | min | max |", "|---|---|---|---|---|",
         "| 0-200 | 1 | 1.00 | 1 | 1 |", "| 200-400 | 2 | 2.50 | 2 | 3 |",
         "| 400-600 | 2 | 4.50 | 4 | 5 |", "| 600-800 | 2 | 6.50 | 6 | 7 |",
-        "| 800-1,000 | 2 | 8.50 | 8 | 9 |", "| 1,000-1,200 | 1 | 10.00 | 10 | 10 |"]
+        "| 800-1,000 | 3 | 9.00 | 8 | 10 |"]  # the last bin holds the episode at 1,000
     png = run_dir / "curve.png"
-    assert lines[9] == f"curve: {png}"
+    assert lines[8] == f"curve: {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
