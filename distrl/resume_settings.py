@@ -8,9 +8,10 @@ run's config; a setting the command line *gives* (a dotted key, or a value a con
 preset such as ``agent=apex`` or ``+experiment=...`` sets beyond the agent's own defaults)
 must equal the stored one, be named in ``resume_overrides`` (then it changes, and is
 logged), or be one of :data:`FREE` (settings of the machine, of reporting and of
-checkpointing, which do not change what is learned). ``log.dir`` and ``log.name`` become
-the directory the checkpoint is in (a run directory may have been moved), and a given one
-that points elsewhere is refused.
+checkpointing, which do not change what is learned). A ``distributed`` size given as
+``auto`` keeps the number auto sizing chose when the run started. ``log.dir`` and
+``log.name`` become the directory the checkpoint is in (a run directory may have been
+moved), and a given one that points elsewhere is refused.
 """
 
 from __future__ import annotations
