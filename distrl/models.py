@@ -69,24 +69,24 @@ class LSTMCore(nn.Module):
             raise ValueError(
                 f"LSTMCore expects resets of shape [{steps}, {batch}], got {tuple(resets.shape)}"
             )
-        if resets is None or not bool(resets.any()):
-            # Fast path: one cuDNN/fused call over all T steps.
-            y, (h_n, c_n) = self.lstm(x, (h.unsqueeze(0), c.unsqueeze(0)))
-            return y, (h_n.squeeze(0), c_n.squeeze(0))
-        # One fused call per stretch of steps in which no column resets: the state is zeroed
-        # only where a stretch starts. Stepping one step at a time costs a call (and its
-        # backward) per step; an R2D2 update on MinAtar spent most of its time there.
-        resets = resets.to(torch.bool)
-        starts = torch.nonzero(resets.any(dim=1)).flatten().tolist()
-        bounds = sorted({0, *starts}) + [steps]
+        # One fused (cuDNN on a GPU) call per stretch of steps in which no column resets,
+        # the state zeroed where a stretch starts; without resets, one call over all T
+        # steps. Stepping one step at a time costs a call (and its backward) per step; an
+        # R2D2 update on MinAtar spent most of its time there.
+        if resets is not None:
+            resets = resets.to(torch.bool)
+        starts = set() if resets is None else set(
+            torch.nonzero(resets.any(dim=1)).flatten().tolist())
+        bounds = sorted({0} | starts) + [steps]
         outputs = []
         for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-            keep = resets[start].unsqueeze(-1)
-            h, c = h.masked_fill(keep, 0.0), c.masked_fill(keep, 0.0)
+            if start in starts:
+                keep = resets[start].unsqueeze(-1)
+                h, c = h.masked_fill(keep, 0.0), c.masked_fill(keep, 0.0)
             y, (h_n, c_n) = self.lstm(x[start:stop], (h.unsqueeze(0), c.unsqueeze(0)))
             h, c = h_n.squeeze(0), c_n.squeeze(0)
             outputs.append(y)
-        return torch.cat(outputs), (h, c)
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), (h, c)
 
 
 class PolicyValueHead(nn.Module):

@@ -196,7 +196,7 @@ def test_lstm_matches_reference_equations() -> None:
     crowded = torch.zeros_like(resets)  # adjacent stretches of one step, one at the end
     crowded[1, 0] = crowded[2, 1] = crowded[3, 0] = crowded[5, 2] = True
     with torch.no_grad():
-        # stretches between resets, then the one-call path without resets
+        # stretches between resets, then one call over all steps without resets
         for r in (resets, crowded, torch.zeros_like(resets)):
             y, (h_n, c_n) = core(x, (h, c), r)
             expected = _reference_lstm(core, x, h, c, r)
