@@ -59,6 +59,14 @@ class ImpalaConfig:
     # weights the previous one left: sample reuse for short frame budgets (RLlib's IMPALA
     # calls it num_epochs). The paper learns from each unroll once.
     passes: int = 1
+    # APPO (IMPALA's V-trace with PPO's clipped surrogate; Sample Factory, RLlib): the
+    # policy loss becomes -min(r A, clip(r, 1 - eps, 1 + eps) A) with r = pi / mu and
+    # A = r_t + gamma v_{t+1} - V(x_t) (Schulman et al. 2017, eq. 7), which bounds how far
+    # the later passes push the policy from the one that acted. None: IMPALA's loss (4.2).
+    ppo_clip: Optional[float] = None
+    # Scale A (or V-trace's pg advantages) to zero mean and unit variance over each batch,
+    # as PPO's implementations do; the paper does not.
+    normalize_advantages: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
@@ -79,6 +87,11 @@ class ImpalaConfig:
                 check_positive(f"agent.{name}", getattr(self, name))
         check_unit_interval("agent.vtrace_lambda", self.vtrace_lambda)
         check_count("agent.passes", self.passes)
+        if self.ppo_clip is not None and not 0.0 < self.ppo_clip < 1.0:
+            raise ConfigError(f"agent.ppo_clip must be in (0, 1) or null, got {self.ppo_clip!r}")
+        if not isinstance(self.normalize_advantages, bool):
+            raise ConfigError("agent.normalize_advantages must be true or false, got "
+                              f"{self.normalize_advantages!r}")
         check_device("agent.device", self.device)
 
 
@@ -140,13 +153,17 @@ def loss_fn(
     clip_pg_rho_threshold: float | None,
     vtrace_lambda: float,
     kernel: str = "auto",
+    ppo_clip: float | None = None,
+    normalize_advantages: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float], None]:
     """IMPALA loss (Section 4.2): V-trace policy gradient + baseline_cost * value loss
     - entropy_cost * entropy, summed over the ``[T, B]`` unroll.
 
     The network runs over all ``T + 1`` observations; the last step's value is the
     bootstrap ``V(x_T)``. Its recurrent core starts from the state stored by the
-    actor and is reset where the previous step ended an episode.
+    actor and is reset where the previous step ended an episode. ``ppo_clip`` swaps the
+    policy term for PPO's clipped surrogate on V-trace's advantages (APPO, see
+    :class:`ImpalaConfig`); ``normalize_advantages`` standardises them over the batch.
     """
     first = torch.zeros_like(unroll.dones[:1])
     resets = torch.cat([first, unroll.dones], dim=0)  # [T+1, B]: observations[t] starts anew
@@ -162,7 +179,20 @@ def loss_fn(
         clip_rho_threshold=clip_rho_threshold, clip_c_threshold=clip_c_threshold,
         clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=vtrace_lambda, kernel=kernel,
     )
-    pg_loss = losses.policy_gradient_loss(target_logits_t, unroll.actions, targets.pg_advantages)
+    if ppo_clip is None:
+        advantages = targets.pg_advantages
+        if normalize_advantages:
+            advantages = losses.standardize(advantages)
+        pg_loss = losses.policy_gradient_loss(target_logits_t, unroll.actions, advantages)
+    else:
+        vs_tp1 = torch.cat([targets.vs[1:], bootstrap_value.detach().unsqueeze(0)], dim=0)
+        advantages = rewards_t + discounts_t * vs_tp1 - values_t.detach()
+        if normalize_advantages:
+            advantages = losses.standardize(advantages)
+        pg_loss = losses.clipped_surrogate_loss(
+            vtrace.action_log_probs(target_logits_t, unroll.actions),
+            vtrace.action_log_probs(unroll.behaviour_logits, unroll.actions),
+            advantages, ppo_clip)
     value_loss = losses.baseline_loss(targets.vs, values_t)
     entropy_loss = losses.entropy_loss(target_logits_t)
     total = pg_loss + baseline_cost * value_loss + entropy_cost * entropy_loss
@@ -192,7 +222,7 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
             entropy_cost=cfg.entropy_cost, reward_clipping=cfg.reward_clipping,
             clip_rho_threshold=cfg.clip_rho_threshold, clip_c_threshold=cfg.clip_c_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, vtrace_lambda=cfg.vtrace_lambda,
-            kernel=kernel,
+            kernel=kernel, ppo_clip=cfg.ppo_clip, normalize_advantages=cfg.normalize_advantages,
         ),
         policy_extras=policy_extras,
         unroll_length=cfg.unroll_length,

@@ -60,6 +60,40 @@ def policy_gradient_loss(
     return -(log_probs * advantages_t.detach()).sum()
 
 
+def clipped_surrogate_loss(
+    log_probs_t: torch.Tensor,
+    behaviour_log_probs_t: torch.Tensor,
+    advantages_t: torch.Tensor,
+    clip: float,
+) -> torch.Tensor:
+    """-sum_t,b min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t) with r_t = pi(a_t|x_t) /
+    mu(a_t|x_t): PPO's clipped surrogate (Schulman et al. 2017, eq. 7), summed like the
+    IMPALA terms. The old policy is the behaviour policy mu that acted, as in APPO.
+
+    Args:
+        log_probs_t: [T, B] log pi(a_t|x_t), differentiable.
+        behaviour_log_probs_t: [T, B] log mu(a_t|x_t) (no gradient flows into it).
+        advantages_t: [T, B] advantages (held constant).
+        clip: eps, in (0, 1).
+    """
+    if log_probs_t.dim() != 2:
+        raise ValueError(f"log_probs_t must have shape [T, B], got {tuple(log_probs_t.shape)}")
+    _check_time_major("behaviour_log_probs_t", behaviour_log_probs_t, log_probs_t.shape)
+    _check_time_major("advantages_t", advantages_t, log_probs_t.shape)
+    if not 0.0 < clip < 1.0:
+        raise ValueError(f"clip must be in (0, 1), got {clip}")
+    ratio = torch.exp(log_probs_t - behaviour_log_probs_t.detach())
+    advantages_t = advantages_t.detach()
+    surrogate = torch.minimum(ratio * advantages_t,
+                              ratio.clamp(1.0 - clip, 1.0 + clip) * advantages_t)
+    return -surrogate.sum()
+
+
+def standardize(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over all elements: PPO's advantage normalisation."""
+    return (values - values.mean()) / (values.std() + eps)
+
+
 def baseline_loss(vs_t: torch.Tensor, values_t: torch.Tensor) -> torch.Tensor:
     """0.5 * sum_t,b (v_s - V(x_s))^2: the value regression towards V-trace targets (IMPALA 4.2)."""
     if vs_t.dim() != 2:

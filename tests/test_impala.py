@@ -139,6 +139,51 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert resumed["run_dir"] == part["run_dir"]
 
 
+def test_ppo_clip_loss_is_the_clipped_surrogate_on_vtrace_advantages():
+    """agent.ppo_clip (APPO): with pi != mu, the policy term is -sum min(r A, clip(r) A),
+    r = pi/mu, A = r_t + gamma vs_{t+1} - V(x_t) from V-trace's vs; checked on a 2-step
+    unroll by hand, the baseline term unchanged."""
+    torch.manual_seed(0)
+    model = impala.make_network((3,), 2, ModelConfig(torso="mlp", hidden_size=8))
+    obs = torch.randn(3, 1, 3)
+    with torch.no_grad():
+        logits, values, _ = model(obs, ())
+    behaviour = logits[:-1].clone()
+    behaviour[0, 0, 1] += 1.0  # mu more likely than pi to take a_0 = 1: r_0 < 1
+    behaviour[1, 0, 0] -= 1.0  # mu less likely to take a_1 = 0: r_1 > 1 + eps
+    unroll = Unroll(
+        observations=obs, actions=torch.tensor([[1], [0]]), rewards=torch.tensor([[1.0], [2.0]]),
+        dones=torch.tensor([[False], [False]]), behaviour_logits=behaviour,
+        policy_versions=torch.zeros(2, 1, dtype=torch.long), core_state=(),
+    )
+    kwargs = dict(discount=0.9, baseline_cost=0.5, entropy_cost=0.0, reward_clipping="none",
+                  clip_rho_threshold=1.0, clip_c_threshold=1.0, clip_pg_rho_threshold=1.0,
+                  vtrace_lambda=1.0, kernel="reference")
+    _, metrics, _ = impala.loss_fn(model, unroll, ppo_clip=0.1, **kwargs)
+    log_pi = torch.log_softmax(logits[:-1, 0], -1)
+    log_mu = torch.log_softmax(behaviour[:, 0], -1)
+    r0 = torch.exp(log_pi[0, 1] - log_mu[0, 1]).item()
+    r1 = torch.exp(log_pi[1, 0] - log_mu[1, 0]).item()
+    assert r0 < 0.9 and r1 > 1.1
+    v0, v1, v2 = values[:, 0].tolist()
+    vs1 = 2.0 + 0.9 * v2  # rho_1 clipped to 1
+    vs0 = v0 + r0 * (1.0 + 0.9 * v1 - v0) + 0.9 * r0 * (vs1 - v1)  # c_0 = rho_0 < 1
+    adv0, adv1 = 1.0 + 0.9 * vs1 - v0, 2.0 + 0.9 * v2 - v1
+    surrogate = [min(r * a, min(max(r, 0.9), 1.1) * a) for r, a in ((r0, adv0), (r1, adv1))]
+    assert metrics["loss/policy"] == pytest.approx(-sum(surrogate), rel=1e-5)
+    assert metrics["loss/baseline"] == pytest.approx(
+        0.5 * ((vs0 - v0) ** 2 + (vs1 - v1) ** 2), rel=1e-5)
+    # IMPALA's own term differs here: -sum min(1, r) A log pi.
+    _, plain, _ = impala.loss_fn(model, unroll, **kwargs)
+    assert plain["loss/policy"] != pytest.approx(metrics["loss/policy"], rel=1e-3)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0, -0.1])
+def test_ppo_clip_must_be_in_the_open_unit_interval(clip):
+    with pytest.raises(ConfigError, match=r"agent.ppo_clip must be in \(0, 1\) or null"):
+        impala.ImpalaConfig(ppo_clip=clip)
+
+
 def test_passes_update_twice_per_batch_and_spread_the_lr_schedule_over_all(tmp_path):
     """agent.passes=2: 10 batches make 20 updates, and the linear schedule, planned over
     all 20, reaches 0 at the last one."""

@@ -18,11 +18,13 @@ from distrl.losses import (
     REWARD_CLIPPING,
     baseline_loss,
     clip_rewards,
+    clipped_surrogate_loss,
     entropy,
     entropy_loss,
     inverse_value_rescale,
     policy_gradient_loss,
     sequence_priorities,
+    standardize,
     transformed_n_step_double_q_targets,
     value_rescale,
 )
@@ -66,6 +68,41 @@ def test_policy_gradient_gradients_skip_the_advantages() -> None:
     loss = policy_gradient_loss(_logits().requires_grad_(True), ACTIONS, leaf)
     loss.backward()
     assert leaf.grad is None
+
+
+def test_clipped_surrogate_loss_by_hand() -> None:
+    # r = pi / mu = (1.5, 0.5, 1.05); eps = 0.2, so clip(r) = (1.2, 0.8, 1.05).
+    # A > 0 takes min(r, clip r) A: 1.2 * 2;  A > 0: min(0.5, 0.8) * 3 = 1.5;
+    # A < 0 takes the larger ratio: max(1.05, 1.05) * -4 = -4.2.  loss = -(2.4 + 1.5 - 4.2).
+    mu = torch.tensor([[0.2], [0.4], [0.2]], dtype=torch.float64)
+    ratio = torch.tensor([[1.5], [0.5], [1.05]], dtype=torch.float64)
+    log_pi = torch.log(mu * ratio).requires_grad_(True)
+    advantages = torch.tensor([[2.0], [3.0], [-4.0]], dtype=torch.float64)
+    loss = clipped_surrogate_loss(log_pi, torch.log(mu), advantages, clip=0.2)
+    assert loss.item() == pytest.approx(-(2.4 + 1.5 - 4.2), abs=1e-12)
+    loss.backward()
+    # Clipped terms carry no gradient; unclipped ones d(-r A)/d log pi = -r A.
+    expected = torch.tensor([[0.0], [-0.5 * 3.0], [1.05 * 4.0]], dtype=torch.float64)
+    torch.testing.assert_close(log_pi.grad, expected, rtol=0, atol=1e-12)
+    # The same step with a negative advantage at r = 1.5 is not clipped: min(-1.5, -1.2)*1.
+    negative = clipped_surrogate_loss(torch.log(mu[:1] * 1.5), torch.log(mu[:1]),
+                                      torch.tensor([[-1.0]], dtype=torch.float64), clip=0.2)
+    assert negative.item() == pytest.approx(1.5, abs=1e-12)
+
+
+def test_clipped_surrogate_loss_errors() -> None:
+    zeros = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"clip must be in \(0, 1\), got 1.5"):
+        clipped_surrogate_loss(zeros, zeros, zeros, clip=1.5)
+    with pytest.raises(ValueError, match=r"advantages_t must have shape \[T, B\]"):
+        clipped_surrogate_loss(zeros, zeros, torch.zeros(3, 2), clip=0.1)
+
+
+def test_standardize_by_hand() -> None:
+    # (1, 2, 3): mean 2, sample std 1 -> (-1, 0, 1).
+    out = standardize(torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64))
+    torch.testing.assert_close(out, torch.tensor([[-1.0, 0.0, 1.0]], dtype=torch.float64),
+                               rtol=0, atol=1e-7)
 
 
 def test_baseline_loss_by_hand() -> None:

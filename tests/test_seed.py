@@ -496,3 +496,15 @@ def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(
     assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
     assert dataclasses.asdict(seed_cfg.agent.impala) == dataclasses.asdict(plain_cfg.agent)
     assert plain_cfg.agent.passes == 2  # what the preset is for: more updates per frame
+
+
+def test_atari_short_seed_appo_preset_is_atari_short_appo_behind_central_inference(tmp_path):
+    """The APPO pair of presets, likewise: SEED trains IMPALA's learner with exactly the
+    settings of atari_short_appo, on the same game, budget and evaluation."""
+    seed_cfg = compose_preset(tmp_path, "atari_short_seed_appo", "a")
+    plain_cfg = compose_preset(tmp_path, "atari_short_appo", "b")
+    assert seed_cfg.agent.learner == "impala"
+    assert seed_cfg.env == plain_cfg.env and seed_cfg.env.id == "Pong"
+    assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
+    assert dataclasses.asdict(seed_cfg.agent.impala) == dataclasses.asdict(plain_cfg.agent)
+    assert (plain_cfg.agent.ppo_clip, plain_cfg.agent.passes) == (0.1, 4)
