@@ -189,10 +189,11 @@ def loss_fn(
         advantages = rewards_t + discounts_t * vs_tp1 - values_t.detach()
         if normalize_advantages:
             advantages = losses.standardize(advantages)
-        pg_loss = losses.clipped_surrogate_loss(
-            vtrace.action_log_probs(target_logits_t, unroll.actions),
-            vtrace.action_log_probs(unroll.behaviour_logits, unroll.actions),
-            advantages, ppo_clip)
+        log_pi = vtrace.action_log_probs(target_logits_t, unroll.actions)
+        log_mu = vtrace.action_log_probs(unroll.behaviour_logits, unroll.actions)
+        pg_loss = losses.clipped_surrogate_loss(log_pi, log_mu, advantages, ppo_clip)
+        # The share of steps whose ratio is outside the clip: how stale the actors' policy is.
+        clipped = ((log_pi.detach() - log_mu).exp() - 1.0).abs() > ppo_clip
     value_loss = losses.baseline_loss(targets.vs, values_t)
     entropy_loss = losses.entropy_loss(target_logits_t)
     total = pg_loss + baseline_cost * value_loss + entropy_cost * entropy_loss
@@ -203,6 +204,8 @@ def loss_fn(
         "policy/value_mean": values_t.detach().mean().item(),
         "policy/vs_mean": targets.vs.mean().item(),
     }
+    if ppo_clip is not None:
+        metrics["policy/clip_fraction"] = clipped.float().mean().item()
     return total, metrics, None
 
 

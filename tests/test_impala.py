@@ -171,6 +171,7 @@ def test_ppo_clip_loss_is_the_clipped_surrogate_on_vtrace_advantages():
     adv0, adv1 = 1.0 + 0.9 * vs1 - v0, 2.0 + 0.9 * v2 - v1
     surrogate = [min(r * a, min(max(r, 0.9), 1.1) * a) for r, a in ((r0, adv0), (r1, adv1))]
     assert metrics["loss/policy"] == pytest.approx(-sum(surrogate), rel=1e-5)
+    assert metrics["policy/clip_fraction"] == 1.0  # both ratios are outside [0.9, 1.1]
     assert metrics["loss/baseline"] == pytest.approx(
         0.5 * ((vs0 - v0) ** 2 + (vs1 - v1) ** 2), rel=1e-5)
     # IMPALA's own term differs here: -sum min(1, r) A log pi.
