@@ -101,6 +101,11 @@ class ApexConfig:
         check_non_negative("agent.epsilon_exponent", self.epsilon_exponent)
         check_choice("agent.reward_clipping", self.reward_clipping, losses.REWARD_CLIPPING)
         check_device("agent.device", self.device)
+        if self.model.init != "default":
+            raise ConfigError(
+                f"agent.model.init must be default for apex (its Q-network keeps PyTorch's "
+                f"initialisation; orthogonal is for IMPALA's actor-critic net), got "
+                f"{self.model.init!r}")
         if self.replay_capacity < self.batch_size:
             raise ConfigError(f"agent.replay_capacity ({self.replay_capacity}) must be at least "
                               f"agent.batch_size ({self.batch_size})")

@@ -29,7 +29,7 @@ from distrl.config import (
     check_positive,
     check_unit_interval,
 )
-from distrl.models import ActorCriticNet
+from distrl.models import ActorCriticNet, orthogonal_init_
 from distrl.queues import FieldSpec
 from distrl.types import Unroll
 
@@ -102,11 +102,13 @@ def make_network(obs_shape: tuple[int, ...], num_actions: int, model: ModelConfi
     """IMPALA's network (Espeholt et al. 2018, Fig. 3): for images the shallow model (conv
     16 8x8/4, conv 32 4x4/2, fc 256; ``torso: auto`` or ``shallow``), the deep ResNet
     (``resnet``) or the Nature CNN (``nature``); an MLP for vectors; then the optional
-    LSTM and the policy and value heads."""
-    return ActorCriticNet(obs_shape, num_actions, torso=model.torso,
-                          hidden_size=model.hidden_size, mlp_layers=model.mlp_layers,
-                          use_lstm=model.use_lstm, lstm_size=model.lstm_size,
-                          image_torso="shallow")
+    LSTM and the policy and value heads; ``model.init: orthogonal`` gives PPO's
+    initialisation (:func:`distrl.models.orthogonal_init_`)."""
+    net = ActorCriticNet(obs_shape, num_actions, torso=model.torso,
+                         hidden_size=model.hidden_size, mlp_layers=model.mlp_layers,
+                         use_lstm=model.use_lstm, lstm_size=model.lstm_size,
+                         image_torso="shallow")
+    return orthogonal_init_(net) if model.init == "orthogonal" else net
 
 
 class ImpalaPolicy:

@@ -101,6 +101,11 @@ class R2D2Config:
                      "epsilon_base"):
             check_unit_interval(f"agent.{name}", getattr(self, name))
         check_device("agent.device", self.device)
+        if self.model.init != "default":
+            raise ConfigError(
+                f"agent.model.init must be default for r2d2 (its Q-network keeps PyTorch's "
+                f"initialisation; orthogonal is for IMPALA's actor-critic net), got "
+                f"{self.model.init!r}")
         if self.overlap >= self.trace_length:
             raise ConfigError(f"agent.overlap ({self.overlap}) must be less than "
                               f"agent.trace_length ({self.trace_length})")

@@ -218,6 +218,7 @@ class OptimizerConfig:
 
 
 TORSOS = ("auto", "shallow", "nature", "resnet", "minatar", "mlp")
+INITS = ("default", "orthogonal")
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:N
 
 
@@ -243,9 +244,14 @@ class ModelConfig:
     use_lstm: bool = False  # optional LSTM core between torso and heads
     lstm_size: int = 256
     head_size: int = 512  # hidden units of each dueling stream (Wang et al. 2016: 512)
+    # default: PyTorch's initialisation, as the papers' code uses its framework's.
+    # orthogonal (actor-critic nets only): gain sqrt(2) for the conv and fc layers, 0.01 for
+    # the policy head, 1 for the value head, zero biases, as PPO's implementations do.
+    init: str = "default"
 
     def __post_init__(self) -> None:
         check_choice("agent.model.torso", self.torso, TORSOS)
+        check_choice("agent.model.init", self.init, INITS)
         check_positive("agent.model.hidden_size", self.hidden_size)
         check_positive("agent.model.mlp_layers", self.mlp_layers)
         check_positive("agent.model.lstm_size", self.lstm_size)

@@ -185,6 +185,23 @@ class ActorCriticNet(nn.Module):
         return logits, values, new_state
 
 
+def orthogonal_init_(model: ActorCriticNet) -> ActorCriticNet:
+    """PPO's initialisation of an actor-critic net, in place: orthogonal weights (Saxe et
+    al. 2014) with gain sqrt(2) in the torso's conv and linear layers (ReLU follows them),
+    0.01 in the policy head (a near-uniform first policy), 1 in the value head, and zero
+    biases. The LSTM core keeps PyTorch's initialisation."""
+    def init(layer: nn.Module, gain: float) -> None:
+        nn.init.orthogonal_(layer.weight, gain)
+        nn.init.zeros_(layer.bias)
+
+    for layer in model.torso.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            init(layer, math.sqrt(2.0))
+    init(model.head.policy, 0.01)
+    init(model.head.baseline, 1.0)
+    return model
+
+
 class _ScaleGradient(torch.autograd.Function):
     """Identity forward; the backward multiplies the incoming gradient by ``scale``."""
 

@@ -565,3 +565,43 @@ def test_auto_picks_minatar_for_10x10_images_in_every_network() -> None:
         q, _ = recurrent(grids, torch.zeros(T, B, dtype=torch.int64), torch.zeros(T, B),
                          recurrent.initial_state(B))
         assert q.shape == (T, B, 6)
+
+
+def test_orthogonal_init_gives_ppos_gains_and_zero_biases():
+    """agent.model.init=orthogonal: every torso layer's weight rows are orthogonal with norm
+    sqrt(2) (W W^T = 2 I, the conv's flattened per output channel), the policy head's with
+    norm 0.01, the value head's 1; all biases 0. The default leaves PyTorch's init."""
+    from agents import impala
+    from distrl.config import ModelConfig
+
+    torch.manual_seed(0)
+    net = impala.make_network((4, 84, 84), 6, ModelConfig(init="orthogonal"))
+    layers = [m for m in net.torso.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    assert len(layers) == 3  # IMPALA's shallow torso: conv, conv, fc
+    for layer, gain in [*((m, 2.0 ** 0.5) for m in layers), (net.head.policy, 0.01),
+                        (net.head.baseline, 1.0)]:
+        rows = layer.weight.detach().flatten(1)
+        torch.testing.assert_close(rows @ rows.T, gain ** 2 * torch.eye(rows.shape[0]),
+                                   atol=1e-5 * gain ** 2, rtol=0)
+        assert torch.count_nonzero(layer.bias) == 0
+    default = impala.make_network((4, 84, 84), 6, ModelConfig())
+    assert torch.count_nonzero(default.head.policy.bias) > 0  # PyTorch's uniform bias
+
+
+@pytest.mark.parametrize("agent", ["apex", "r2d2"])
+def test_orthogonal_init_is_refused_for_the_q_networks(agent):
+    import importlib
+
+    from distrl.config import ConfigError, ModelConfig
+
+    module = importlib.import_module(f"agents.{agent}")
+    config = {"apex": "ApexConfig", "r2d2": "R2D2Config"}[agent]
+    with pytest.raises(ConfigError, match=rf"agent.model.init must be default for {agent}"):
+        getattr(module, config)(model=ModelConfig(init="orthogonal"))
+
+
+def test_model_init_must_be_a_known_choice():
+    from distrl.config import ConfigError, ModelConfig
+
+    with pytest.raises(ConfigError, match=r"agent.model.init"):
+        ModelConfig(init="xavier")
