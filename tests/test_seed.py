@@ -508,3 +508,4 @@ def test_atari_short_seed_appo_preset_is_atari_short_appo_behind_central_inferen
     assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
     assert dataclasses.asdict(seed_cfg.agent.impala) == dataclasses.asdict(plain_cfg.agent)
     assert (plain_cfg.agent.ppo_clip, plain_cfg.agent.passes) == (0.1, 4)
+    assert plain_cfg.agent.model.init == "orthogonal"
