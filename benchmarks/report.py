@@ -77,8 +77,10 @@ class RunResult:
     final: float | None = None  # mean of the last 100 training episodes
     episodes: int = 0
     eval_return: float | None = None
-    episode_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # the learning curve: the trailing 100-episode mean at each episode's end (from the
+    # event files) or at the points an archived summary.json kept (its trailing_curve)
+    curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def counted(self) -> bool:
@@ -119,12 +121,15 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         result.frames, result.episodes = events.last_frame, events.episodes
         result.final = final_return(events.returns)
         result.eval_return = events.evaluation.get("return_mean")
-        result.episode_frames, result.episode_returns = events.frames, events.returns
-    else:  # no event files (log.tensorboard=false): what reproduce.py recorded, if anything
+        result.curve_frames, result.curve_returns = events.frames, smoothed(events.returns)
+    else:  # an archived run, or no event files (log.tensorboard=false): reproduce.py's record
         result.frames = summary.get("frames") or 0
         result.final = summary.get("final_return_100")
         result.episodes = summary.get("episodes") or 0
         result.eval_return = (summary.get("eval") or {}).get("return_mean")
+        curve = summary.get("trailing_curve") or {}
+        result.curve_frames = np.asarray(curve.get("frames", []), dtype=np.int64)
+        result.curve_returns = np.asarray(curve.get("return_mean", []), dtype=np.float64)
     return result
 
 
@@ -406,11 +411,11 @@ def plot(suite: Suite, path: Path, reps: int, seed: int, points: int = 200) -> N
         end = max([r.frames for r in runs] + [1])
         grid = np.linspace(0, end, points)
         for agent in suite.agents:
-            cell = [r for r in suite.cell(agent, game) if r.episodes]
+            cell = [r for r in suite.cell(agent, game) if len(r.curve_frames)]
             if not cell:
                 continue
-            values = np.stack([curve_at(r.episode_frames, smoothed(r.episode_returns),
-                                        r.frames, grid) for r in cell])
+            values = np.stack([curve_at(r.curve_frames, r.curve_returns, r.frames, grid)
+                               for r in cell])
             mean, low, high = seed_band(values, reps, rng)
             done = sum(r.counted for r in suite.cell(agent, game))
             ax.plot(grid, mean, color=colours[agent],
@@ -425,7 +430,7 @@ def plot(suite: Suite, path: Path, reps: int, seed: int, points: int = 200) -> N
                         linestyle="none", label=f"{name} at 5M (MinAtar)")
                 ax.annotate(name, (REFERENCE_FRAMES, value), textcoords="offset points",
                             xytext=(4, 3), fontsize=7)
-        if not any(r.episodes for r in runs):
+        if not any(len(r.curve_frames) for r in runs):
             ax.text(0.5, 0.5, "no episodes logged yet", transform=ax.transAxes, ha="center")
         if game in RANDOM:
             ax.axhline(RANDOM[game], color="grey", linestyle=":", linewidth=1,

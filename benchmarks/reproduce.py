@@ -22,6 +22,13 @@ an attempt that ended on its own (finished or failed) also writes ``<run dir>/su
 A record holds the run's throughput diagnosis (``throughput``: which side bounded it and
 what to change, as ``python -m distrl.diagnose`` prints it), read from its events.
 The exit code is 1 when a run failed, and the last line lists the failed runs.
+
+``--archive DIR`` (the README's suite uses ``benchmarks/minatar_runs``, which is committed)
+keeps a copy of each ended run's ``summary.json`` (with its learning curve, the trailing
+100-episode mean at 500 points) and of ``grid.json`` under ``DIR/<run>/``: enough for
+``report.py DIR`` to rebuild the table and the curves without the run directories, whose
+checkpoints and event files are too large to commit. A run the archive holds as finished is
+skipped too, so a grid continues on a fresh checkout where ``--out`` is empty.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from suite import (  # noqa: E402
     read_events,
     read_json,
     run_name,
+    trailing_curve,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,10 +112,19 @@ def run_overrides(run: Run, frames: int, extra: list[str]) -> list[str]:
             *extra]
 
 
-def state_of(run: Run) -> str:
+def finished_summary(run: Run, archive: Path | None) -> Path | None:
+    """The ``summary.json`` that says ``run`` finished: its run directory's, else the
+    archive's copy; None when neither does."""
+    for path in (run.run_dir / SUMMARY, *([archive / run.name / SUMMARY] if archive else [])):
+        summary = read_json(path)
+        if isinstance(summary, dict) and summary.get("status") == "finished":
+            return path
+    return None
+
+
+def state_of(run: Run, archive: Path | None = None) -> str:
     """finished (skip), resume (checkpoints, not finished) or fresh."""
-    summary = read_json(run.run_dir / SUMMARY)
-    if isinstance(summary, dict) and summary.get("status") == "finished":
+    if finished_summary(run, archive) is not None:
         return "finished"
     return "resume" if has_checkpoint(run.run_dir) else "fresh"
 
@@ -142,12 +159,15 @@ def append_line(path: Path, record: dict[str, Any]) -> None:
 
 def update_grid(out: Path, args: argparse.Namespace) -> None:
     """``<out>/grid.json``: every agent, game and seed asked for so far, so the report can
-    show runs that never started."""
+    show runs that never started (also in the archive, when there is one)."""
     grid = read_json(out / GRID) or {}
     for key in ("agents", "games", "seeds"):
         grid[key] = list(dict.fromkeys([*grid.get(key, []), *getattr(args, key)]))
     grid.update(frames=args.frames, overrides=args.set)
     write_atomic(out / GRID, json.dumps(grid, indent=1) + "\n")
+    if args.archive is not None and out != args.archive:
+        args.archive.mkdir(parents=True, exist_ok=True)
+        update_grid(args.archive, argparse.Namespace(**{**vars(args), "archive": None}))
 
 
 class Grid:
@@ -187,14 +207,14 @@ class Grid:
             os.killpg(child.proc.pid, signal.SIGKILL)
 
     def launch(self, run: Run) -> None:
-        state = state_of(run)
+        state = state_of(run, self.args.archive)
         if state == "finished":
-            done = read_json(run.run_dir / SUMMARY)
+            where = finished_summary(run, self.args.archive)
+            done = read_json(where)
             other = ("" if done.get("frames_target") == self.args.frames else
                      f"; its budget was {done.get('frames_target')} frames, not "
                      f"{self.args.frames}: move it away to rerun it")
-            print(f"[reproduce] skip {run.name}: finished ({run.run_dir / SUMMARY}){other}",
-                  flush=True)
+            print(f"[reproduce] skip {run.name}: finished ({where}){other}", flush=True)
             return
         run.run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run.run_dir / ".reproduce.lock", "w")  # noqa: SIM115 - held while it runs
@@ -267,6 +287,10 @@ class Grid:
         append_line(self.args.out / "summary.jsonl", record)
         if status != "stopped":
             write_atomic(run.run_dir / SUMMARY, json.dumps(record, indent=1) + "\n")
+            if self.args.archive is not None:
+                (self.args.archive / run.name).mkdir(parents=True, exist_ok=True)
+                write_atomic(self.args.archive / run.name / SUMMARY,
+                             json.dumps(record, indent=1) + "\n")
         child.lock.close()
         self.records.append(record)
         final = record["final_return_100"]
@@ -337,6 +361,8 @@ def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_
         "curve_interval_frames": width,
         "curve": interval_returns(events.frames, events.returns, width)
         if events is not None else [],
+        "trailing_curve": trailing_curve(events.frames, events.returns, events.last_frame)
+        if events is not None else None,
         "eval": evaluation or None,
         "throughput": (run_throughput(run.run_dir)
                        if events is not None and events.has_throughput else None),
@@ -357,9 +383,9 @@ def run_throughput(run_dir: Path) -> dict[str, Any] | None:
 
 def dry_run(runs: list[Run], args: argparse.Namespace) -> None:
     for run in runs:
-        state = state_of(run)
+        state = state_of(run, args.archive)
         if state == "finished":
-            print(f"# skip {run.name}: finished ({run.run_dir / SUMMARY})")
+            print(f"# skip {run.name}: finished ({finished_summary(run, args.archive)})")
             continue
         attempt = len(read_attempts(run.run_dir)) + 1
         print(f"# {run.name}: {state}")
@@ -381,12 +407,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
     parser.add_argument("--run-cmd", default=shlex.join([sys.executable, str(ROOT / "run.py")]),
                         help="the command a run's overrides are appended to")
+    parser.add_argument("--archive", type=Path, metavar="DIR",
+                        help="also keep each ended run's summary.json (with its curve) in "
+                             "DIR/<run>/, small enough to commit; runs finished there are "
+                             "skipped")
     parser.add_argument("--stop-timeout", type=float, default=300.0,
                         help="seconds a stopped run may take to checkpoint before SIGKILL")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.frames < 1:
         parser.error("--jobs and --frames must be positive")
     args.out = args.out.resolve()
+    args.archive = args.archive.resolve() if args.archive is not None else None
     args.run_cmd = shlex.split(args.run_cmd)
     return args
 

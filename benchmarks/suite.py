@@ -43,6 +43,7 @@ RANDOM: dict[str, float] = {"Breakout": 0.5}  # uniform random play, where known
 NORMALISER = "DQN"  # IQM scores are return / DQN's return at 5M frames
 
 FINAL_EPISODES = 100  # the final return: mean of the last 100 training episodes
+TRAILING_POINTS = 500  # an archived learning curve: the trailing mean at this many frames
 THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.diagnose.RAW: each report's figures
 RETURN_TAG = "episode/return"  # distrl.logging.MetricLogger.episode, step = env frames
 EVAL_PREFIX = "eval/"  # distrl.evaluation: eval/return_mean, ... at the last frame
@@ -186,6 +187,18 @@ def curve_at(frames: np.ndarray, values: np.ndarray, last_frame: int, grid: np.n
     inside = (index >= 0) & (grid <= max(last_frame, int(frames[-1])))
     out[inside] = values[index[inside]]
     return out
+
+
+def trailing_curve(frames: np.ndarray, returns: np.ndarray, last_frame: int,
+                   points: int = TRAILING_POINTS) -> dict[str, list]:
+    """The trailing ``FINAL_EPISODES``-episode mean (:func:`smoothed`) sampled at ``points``
+    evenly spaced frames up to ``last_frame``, without the points before the first episode:
+    ``{"frames": [...], "return_mean": [...]}``, the curve report.py draws, small enough to
+    keep in a run's summary.json."""
+    grid = np.linspace(0, last_frame, points + 1)[1:].round().astype(np.int64)
+    values = curve_at(frames, smoothed(returns), last_frame, grid)
+    keep = ~np.isnan(values)
+    return {"frames": grid[keep].tolist(), "return_mean": np.round(values[keep], 4).tolist()}
 
 
 def finite_or_none(value: float | None) -> float | None:

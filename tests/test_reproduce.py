@@ -263,6 +263,44 @@ def test_runs_n_at_a_time_then_skips_finished_runs(tmp_path, monkeypatch, capsys
     assert all(len(invocations(p)) == 2 for p in runs)  # none started again
 
 
+def test_trailing_curve_is_the_smoothed_curve_at_evenly_spaced_frames():
+    frames = np.array([100, 250, 400, 1000])
+    returns = np.array([1.0, 3.0, 5.0, 7.0])
+    curve = suite.trailing_curve(frames, returns, last_frame=1000, points=10)
+    # nothing before the first episode (frame 100 is the first grid point it covers)
+    assert curve["frames"] == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000]
+    assert curve["return_mean"] == [1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 4.0]
+
+
+def test_archive_rebuilds_the_table_and_lets_a_fresh_out_skip_finished_runs(
+        tmp_path, capsys):
+    out, archive = tmp_path / "out", tmp_path / "archive"
+    assert reproduce.main(grid_args(out, "--archive", str(archive))) == 0
+    names = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert sorted(p.name for p in archive.iterdir() if p.is_dir()) == names
+    assert {p.name for p in (archive / names[0]).iterdir()} == {suite.SUMMARY}
+    assert json.loads((archive / suite.GRID).read_text())["agents"] == ["impala", "apex"]
+    # the archive alone gives the same table as the run directories, and the same curve
+    from_runs, from_archive = report.collect(out), report.collect(archive)
+    capsys.readouterr()
+    assert report.markdown(from_archive, 200, 0, "x") == report.markdown(from_runs, 200, 0, "x")
+    for key, run in from_runs.runs.items():
+        kept = from_archive.runs[key]
+        assert (kept.status, kept.frames, kept.episodes) == ("finished", 1000, 40)
+        grid = np.linspace(0, 1000, 200)
+        np.testing.assert_allclose(
+            suite.curve_at(kept.curve_frames, kept.curve_returns, kept.frames, grid),
+            suite.curve_at(run.curve_frames, run.curve_returns, run.frames, grid),
+            atol=0.06)
+    # a fresh checkout: no run directories, the archive says they finished
+    fresh = tmp_path / "fresh"
+    assert reproduce.main(grid_args(fresh, "--archive", str(archive))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("[reproduce] skip" in line for line in lines) == 4
+    assert f"finished ({archive / names[0] / suite.SUMMARY})" in "\n".join(lines)
+    assert not any(p.is_dir() for p in fresh.iterdir())  # nothing ran
+
+
 def test_failed_run_sets_the_exit_code_and_is_retried_from_its_checkpoint(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_FAIL", "apex-Breakout-s1")
