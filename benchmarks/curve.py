@@ -1,11 +1,19 @@
 """A run's raw episode-return curve from its tensorboard events, binned by frames: a
 Markdown table on stdout and a PNG beside it.
 
-    python benchmarks/curve.py runs/<run name> [--bins 10] [--png out.png]
+    python benchmarks/curve.py runs/<run name> [--bins 10] [--png out.png] \
+        [--reach 0 18] [--csv episodes.csv]
 
 The PNG (default ``<run dir>/curve.png``) has frames on x and the raw return of each
 bin's episodes: their mean as a line, the 25-75% quantiles as a dark band and min-max as
 a light one, over the episodes themselves as faint dots.
+
+``--reach 0 18`` prints, for each level, the first episode at which the mean of the last
+20 episodes (the console's ``mean_return_20``, and ``stop_at_return``'s test) reaches it:
+its frames and the run time to it. The run time is the wall time since the first episode
+less every gap of more than 5 minutes between two episodes (a run stopped and resumed
+later). ``--csv`` writes every episode's frames, raw return and wall time, a file small
+enough to commit; ``curve.py`` reads such a file in place of the run directory.
 """
 
 from __future__ import annotations
@@ -31,8 +39,17 @@ class Bin:
         return float(self.returns.mean())
 
 
-def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(frames, raw return) of every training episode in ``run_dir``'s events, by frames."""
+CSV_HEADER = "frames,return,wall_time"
+WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.loop's mean_return_20)
+GAP_S = 300.0  # a longer pause between two episodes is a stopped run, not run time
+
+
+def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(frames, raw return, wall time) of every training episode in ``run_dir``'s events
+    (or in a file ``--csv`` wrote), by frames."""
+    if run_dir.is_file():
+        table = np.loadtxt(run_dir, delimiter=",", skiprows=1, ndmin=2)
+        return table[:, 0].astype(np.int64), table[:, 1], table[:, 2]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
@@ -40,9 +57,53 @@ def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     events.Reload()
     if "episode/return" not in events.Tags().get("scalars", []):
         raise SystemExit(f"no episode/return scalars in {run_dir}")
-    points = sorted((e.step, e.value) for e in events.Scalars("episode/return"))
-    return (np.array([s for s, _ in points], dtype=np.int64),
-            np.array([v for _, v in points], dtype=np.float64))
+    points = sorted((e.step, e.wall_time, e.value) for e in events.Scalars("episode/return"))
+    return (np.array([s for s, _, _ in points], dtype=np.int64),
+            np.array([v for _, _, v in points], dtype=np.float64),
+            np.array([w for _, w, _ in points], dtype=np.float64))
+
+
+def write_csv(path: Path, frames: np.ndarray, returns: np.ndarray, wall: np.ndarray) -> None:
+    np.savetxt(path, np.column_stack([frames, returns, wall]), delimiter=",",
+               fmt=["%d", "%g", "%.3f"], header=CSV_HEADER, comments="")
+
+
+def run_time(wall: np.ndarray) -> np.ndarray:
+    """Seconds of running up to each episode: wall time since the first episode, less every
+    gap over ``GAP_S`` between consecutive episodes (the run was stopped then)."""
+    steps = np.diff(wall, prepend=wall[:1])
+    return np.cumsum(np.where(steps > GAP_S, 0.0, steps))
+
+
+def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: float
+            ) -> tuple[int, float] | None:
+    """(frames, run seconds) at the first episode where the mean of the last ``WINDOW``
+    episodes is at least ``level``; None if it never is."""
+    if len(returns) < WINDOW:
+        return None
+    means = np.convolve(returns, np.ones(WINDOW) / WINDOW, mode="valid")
+    hits = np.flatnonzero(means >= level)
+    if not len(hits):
+        return None
+    at = int(hits[0]) + WINDOW - 1
+    return int(frames[at]), float(run_time(wall)[at])
+
+
+def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
+                levels: list[float]) -> list[str]:
+    lines = []
+    for level in levels:
+        hit = reached(frames, returns, wall, level)
+        if hit is None:
+            best = (np.convolve(returns, np.ones(WINDOW) / WINDOW, mode="valid").max()
+                    if len(returns) >= WINDOW else float("nan"))
+            lines.append(f"reach {level:g}: not reached (best {WINDOW}-episode mean "
+                         f"{best:.2f} by {int(frames[-1]):,} frames)")
+        else:
+            minutes = hit[1] / 60
+            lines.append(f"reach {level:g}: {hit[0]:,} frames, {minutes // 60:.0f}h"
+                         f"{minutes % 60:02.0f}m of run time ({WINDOW}-episode mean)")
+    return lines
 
 
 def bin_returns(frames: np.ndarray, returns: np.ndarray, bins: int) -> list[Bin]:
@@ -100,14 +161,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bins", type=int, default=10)
     parser.add_argument("--png", type=Path, default=None,
                         help="where to write the PNG (default: <run dir>/curve.png)")
+    parser.add_argument("--reach", type=float, nargs="+", default=[], metavar="RETURN",
+                        help=f"frames and run time to a {WINDOW}-episode mean of each")
+    parser.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                        help="also write every episode's frames, return and wall time")
     args = parser.parse_args(argv)
     if args.bins < 1:
         parser.error(f"--bins must be at least 1, got {args.bins}")
-    frames, returns = read_returns(args.run_dir)
+    frames, returns, wall = read_returns(args.run_dir)
     binned = bin_returns(frames, returns, args.bins)
-    print("\n".join(markdown(binned)))
-    png = args.png or args.run_dir / "curve.png"
-    plot(frames, returns, binned, png, args.run_dir.resolve().name)
+    print("\n".join(markdown(binned) + reach_lines(frames, returns, wall, args.reach)))
+    if args.csv:
+        write_csv(args.csv, frames, returns, wall)
+        print(f"episodes: {args.csv}")
+    default = args.run_dir.with_suffix(".png") if args.run_dir.is_file() else (
+        args.run_dir / "curve.png")
+    png = args.png or default
+    plot(frames, returns, binned, png, args.run_dir.resolve().stem)
     print(f"curve: {png}")
 
 

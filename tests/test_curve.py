@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from distrl.logging import MetricLogger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,3 +51,31 @@ def test_png_goes_where_asked(tmp_path, capsys):
     curve.main([str(run_dir), "--png", str(out)])
     assert out.is_file() and not (run_dir / "curve.png").exists()
     assert capsys.readouterr().out.splitlines()[-1] == f"curve: {out}"
+
+
+def test_csv_round_trip_gives_the_same_table(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    csv = tmp_path / "episodes.csv"
+    curve.main([str(run_dir), "--bins", "5", "--csv", str(csv)])
+    from_events = capsys.readouterr().out.splitlines()
+    assert csv.read_text().splitlines()[:2][0] == curve.CSV_HEADER
+    curve.main([str(csv), "--bins", "5", "--png", str(tmp_path / "b.png")])
+    assert capsys.readouterr().out.splitlines()[:8] == from_events[:8]
+
+
+def test_reach_is_the_first_20_episode_mean_at_the_level_and_skips_long_gaps(tmp_path,
+                                                                             capsys):
+    # 40 episodes returning 0, 1, ..., 39, one every 100 frames and 60 s, with a 2-hour stop
+    # after the 30th: the 20-episode mean first reaches 10 at episode 21 (0..20 -> 10.0)
+    # and 25 at episode 36 (16..35 -> 25.5)
+    frames = np.arange(1, 41) * 100
+    wall = np.arange(40) * 60.0 + np.where(np.arange(40) >= 30, 7200.0, 0.0)
+    csv = tmp_path / "run.csv"
+    curve.write_csv(csv, frames, np.arange(40.0), wall)
+    curve.main([str(csv), "--bins", "2", "--reach", "10", "25", "50"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[5:8] == [
+        "reach 10: 2,100 frames, 0h20m of run time (20-episode mean)",
+        "reach 25: 3,600 frames, 0h34m of run time (20-episode mean)",  # 35 steps, 1 a gap
+        "reach 50: not reached (best 20-episode mean 29.50 by 4,000 frames)"]
+    assert (tmp_path / "run.png").is_file()
