@@ -99,18 +99,21 @@ def time_training(cfg, warmup_updates: int,
             result = run(cfg, should_stop=should_stop, progress=progress)
         else:
             result = run(cfg, should_stop=should_stop)
-    end = warmup_updates + updates
-    span = stamps[end] - stamps[warmup_updates]
+    # The count can step by more than one (agent.passes > 1 counts every pass): time from
+    # the first count past the warm-up to the one that stopped the run.
+    first = min(k for k in stamps if k >= warmup_updates)
+    end = max(stamps)
+    span, timed = stamps[end] - stamps[first], end - first
     if replay_agent:
-        frames = frames_at[end] - frames_at[warmup_updates]
+        frames = frames_at[end] - frames_at[first]
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
-        frames = updates * result["frames"] / result["updates"]
+        frames = timed * result["frames"] / result["updates"]
         wait = None
     figures = (result.get("throughput") or {}).get("figures") or {}
     cpu = (f"cpu: learner {figures.get('cpu_learner') or 0:.2f} cores, actors "
            f"{figures.get('cpu_actors') or 0:.2f}")
-    return frames / span, updates / span, wait, result.get("inference_batch_mean"), cpu
+    return frames / span, timed / span, wait, result.get("inference_batch_mean"), cpu
 
 
 def ale_random_fps(
