@@ -5,6 +5,7 @@ env) on purpose, whose summary and ``python -m distrl.diagnose`` name the right 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -124,6 +125,28 @@ def test_balanced_and_cpu_bound():
         "per frame (a smaller network or fewer threads competing) makes this run faster",
         "5 torch threads (learner 1 + 2 actors x 2) compete for 2 cores: "
         "distributed.actor_threads=1 removes the excess"]
+
+
+def test_a_learner_bound_run_keeps_its_learner_threads():
+    # Pong APPO as run on 2 cores: the learner steps 99% of the time on 2 threads, one
+    # actor of 1 thread waits half its time for slots; 3 threads on 2 cores, but taking
+    # the learner's second thread slows the side that bounds the run (1.03x, RESULTS.md)
+    pong = Figures(
+        span_s=10.0, actor_frames=24_000, learned_frames=24_000, updates=150, env_s=1.9,
+        forward_s=2.8, actor_copy_s=0.4, actor_wait_s=5.0, step_s=9.9, learner_copy_s=0.0,
+        batch_wait_s=0.1, learner_cpu_s=14.8, actors_cpu_s=5.0, machine_cpu_s=19.9,
+        cores=2.0, learner_threads=2.0)
+    ctx = RunContext(agent="impala", actors=1, envs_per_actor=16, env_groups=2, batch_size=8)
+    result = diagnose(pong, ctx)
+    assert result.bound == "learner"
+    assert not any("learner_threads=1" in line for line in result.advice)
+    # the same threads in an actor-bound run: the learner's second thread is the excess
+    starved = dataclasses.replace(pong, step_s=3.0, batch_wait_s=7.0, actor_wait_s=0.0,
+                                  env_s=6.0, forward_s=3.6)
+    advice = diagnose(starved, ctx).advice
+    assert diagnose(starved, ctx).bound == "actors"
+    assert advice[-1] == ("3 torch threads (learner 2 + 1 actors x 1) compete for 2 cores: "
+                          "distributed.learner_threads=1 removes the excess")
 
 
 def test_replay_ratio_short_of_the_setting_is_learner_bound():
