@@ -184,7 +184,10 @@ def test_learns_cartpole_with_two_actor_processes(tmp_path):
                              "distributed.envs_per_actor=4"))
     assert result["mean_return_20"] >= 450, result["returns"][-20:]
     assert result["frames"] < CARTPOLE_FRAMES
-    assert result["sampled"] == pytest.approx(4.0 * result["inserted"], rel=0.05)
+    # Credit for updates accrues once the replay holds learning_starts (1,000) items; a run
+    # that stops early (22k frames once in CI) makes those items a large share of the
+    # inserts, so they are left out. The rest: credit not yet spent, inserts in flight.
+    assert result["sampled"] == pytest.approx(4.0 * (result["inserted"] - 1000), rel=0.03)
 
 
 def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
