@@ -46,6 +46,9 @@ class SeedConfig:
     inference_timeout_ms: float = 1.0  # dynamic batching: wait this long for more requests
     worker_timeout_s: float = 60.0  # an env worker silent this long after its actions is hung
     max_worker_restarts: int = 10  # a run whose workers fail more often than this stops
+    # Torch threads of the inference server's thread (it runs beside the learner's own
+    # threads in one process); 0 = as many as the learner's.
+    inference_threads: int = 0
     # Where inference and training run (the learner's own agent.impala/r2d2.device is not
     # used): auto = the GPU when there is one, cpu, cuda or cuda:N.
     device: str = "auto"
@@ -57,6 +60,7 @@ class SeedConfig:
         check_non_negative("agent.max_inference_batch", self.max_inference_batch)
         check_non_negative("agent.inference_timeout_ms", self.inference_timeout_ms)
         check_positive("agent.worker_timeout_s", self.worker_timeout_s)
+        check_non_negative("agent.inference_threads", self.inference_threads)
         check_non_negative("agent.max_worker_restarts", self.max_worker_restarts)
         check_device("agent.device", self.device)
 
@@ -98,4 +102,5 @@ def _inference_settings(agent: SeedConfig) -> Any:
     return InferenceSettings(
         max_batch=agent.max_inference_batch, batch_timeout_s=agent.inference_timeout_ms / 1e3,
         worker_timeout_s=agent.worker_timeout_s,
-        max_worker_restarts=agent.max_worker_restarts)
+        max_worker_restarts=agent.max_worker_restarts,
+        torch_threads=agent.inference_threads)

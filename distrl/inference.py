@@ -268,16 +268,28 @@ class InferenceServer:
 
 class ServerThread:
     """Runs :meth:`InferenceServer.step` and its health checks in a thread of the learner
-    process until stopped; an exception there is kept and re-raised by :meth:`check`."""
+    process until stopped; an exception there is kept and re-raised by :meth:`check`.
+    ``torch_threads`` > 0 gives the thread its own torch (OpenMP) thread count."""
 
-    def __init__(self, server: InferenceServer, check_interval_s: float = 1.0):
+    def __init__(self, server: InferenceServer, check_interval_s: float = 1.0,
+                 torch_threads: int = 0):
         self.server = server
         self.check_interval_s = check_interval_s
+        self.torch_threads = torch_threads  # 0: the learner's own count
         self._stop = threading.Event()
+        self._threads_set = threading.Event()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="distrl-inference", daemon=True)
 
     def _run(self) -> None:
+        if self.torch_threads > 0:
+            # OpenMP keeps a thread count per thread: the first call fixes this thread's to
+            # the process's, the second changes only this thread's (and the process default
+            # that __enter__ restores), so inference and the learner do not each run a team
+            # as wide as the machine on the same cores.
+            torch.get_num_threads()
+            torch.set_num_threads(self.torch_threads)
+        self._threads_set.set()
         last_check = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -296,7 +308,10 @@ class ServerThread:
             raise RuntimeError(f"inference server failed: {self.error!r}") from self.error
 
     def __enter__(self) -> ServerThread:
+        learner_threads = torch.get_num_threads()
         self._thread.start()
+        self._threads_set.wait()
+        torch.set_num_threads(learner_threads)  # the process default, for later threads
         return self
 
     def __exit__(self, *exc: Any) -> None:

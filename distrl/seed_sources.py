@@ -47,6 +47,7 @@ class InferenceSettings:
     batch_timeout_s: float  # wait this long for more requests once one has arrived
     worker_timeout_s: float  # a worker silent this long after its actions is restarted
     max_worker_restarts: int  # more restarts than this fail the run
+    torch_threads: int = 0  # torch threads of the server thread; 0 = the learner's count
 
 
 class _ServerSource:
@@ -102,7 +103,8 @@ class _ServerSource:
             frames_per_step=frames_per_step,
             policy_for=policy_for)
         if env_workers is not None:
-            self.thread = self._exit.enter_context(ServerThread(self.server))
+            self.thread = self._exit.enter_context(
+                ServerThread(self.server, torch_threads=inf.torch_threads))
             # Registered last so it runs first: a server blocked on a full sink gives up.
             self._exit.callback(lambda: setattr(self, "stopping", True))
 

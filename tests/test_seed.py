@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -28,7 +29,7 @@ from distrl.config import (
 )
 from distrl.env_workers import Channels, EnvWorkers, LocalChannels, worker_seeds
 from distrl.envs import env_seed, make_envs
-from distrl.inference import InferenceServer, InferenceWeights
+from distrl.inference import InferenceServer, InferenceWeights, ServerThread
 from distrl.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
@@ -319,6 +320,7 @@ def cartpole_config(tmp_path, name: str, actors: int = 2, total_frames: int = 1_
     ("device", "tpu", "agent.device must be one of auto, cpu, cuda, cuda:N; got 'tpu'"),
     ("max_inference_batch", -1, "agent.max_inference_batch"),
     ("worker_timeout_s", 0, "agent.worker_timeout_s"),
+    ("inference_threads", -1, "agent.inference_threads"),
 ])
 def test_bad_seed_settings_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -483,6 +485,40 @@ def test_the_learner_publishes_into_the_inference_model():
         model.weight.fill_(3.0)
     weights.publish(model, 4)
     assert weights.version == 4 and torch.equal(copy.weight, model.weight)
+
+
+class _ThreadCountingServer:
+    """Stands in for InferenceServer: records the torch thread count its steps run with."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def step(self, wait_s: float) -> None:
+        self.threads.append(torch.get_num_threads())
+        time.sleep(wait_s)
+
+    def check_workers(self) -> list[int]:
+        return []
+
+
+def test_the_server_thread_runs_on_its_own_torch_thread_count():
+    """With torch_threads=1 inference runs on one thread while the learner's thread keeps
+    its own count, and threads started later get the learner's count, not the server's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        server = _ThreadCountingServer()
+        with ServerThread(server, torch_threads=1):  # type: ignore[arg-type]
+            time.sleep(0.2)
+            learner_threads = torch.get_num_threads()
+            later: list[int] = []
+            thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+            thread.start()
+            thread.join()
+        assert server.threads and set(server.threads) == {1}
+        assert learner_threads == 2 and later == [2]
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(tmp_path):
