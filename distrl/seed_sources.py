@@ -47,7 +47,7 @@ class InferenceSettings:
     batch_timeout_s: float  # wait this long for more requests once one has arrived
     worker_timeout_s: float  # a worker silent this long after its actions is restarted
     max_worker_restarts: int  # more restarts than this fail the run
-    torch_threads: int = 0  # torch threads of the server thread; 0 = the learner's count
+    torch_threads: int  # torch threads of the server thread; 0 = the learner's count
 
 
 class _ServerSource:
