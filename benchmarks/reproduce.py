@@ -12,7 +12,10 @@ crash or an OOM kill ends that run only; ``--jobs`` runs go at a time.
 Invoking it again continues the grid: a run whose ``summary.json`` says it finished is
 skipped; one with checkpoints and no such summary (stopped, killed, failed midway) is
 resumed with ``resume=<run dir>``; one with neither starts afresh (event files of an
-attempt that left no checkpoint are moved to ``discarded/``). Ctrl-C or SIGTERM forwards
+attempt that left no checkpoint are moved to ``discarded/``). A finished run records its
+preset's fingerprint (``preset_sha``: its settings, not its comments); one skipped under a
+preset whose settings have changed since, or under another budget, is named as such on its
+skip line, so that a changed preset is never taken for the one its runs used. Ctrl-C or SIGTERM forwards
 one SIGTERM to every run (distrl then checkpoints and exits), waits up to
 ``--stop-timeout`` seconds, kills what is left of each run's process group, and exits
 128 + the signal; a second Ctrl-C kills at once.
@@ -62,6 +65,7 @@ from suite import (  # noqa: E402
     finite_or_none,
     has_checkpoint,
     interval_returns,
+    preset_fingerprint,
     read_attempts,
     read_events,
     read_json,
@@ -210,11 +214,8 @@ class Grid:
         state = state_of(run, self.args.archive)
         if state == "finished":
             where = finished_summary(run, self.args.archive)
-            done = read_json(where)
-            other = ("" if done.get("frames_target") == self.args.frames else
-                     f"; its budget was {done.get('frames_target')} frames, not "
-                     f"{self.args.frames}: move it away to rerun it")
-            print(f"[reproduce] skip {run.name}: finished ({where}){other}", flush=True)
+            print(f"[reproduce] skip {run.name}: finished ({where})"
+                  f"{differences(read_json(where), run, self.args)}", flush=True)
             return
         run.run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run.run_dir / ".reproduce.lock", "w")  # noqa: SIM115 - held while it runs
@@ -327,6 +328,21 @@ class Grid:
                 time.sleep(0.1)
 
 
+def differences(done: dict[str, Any], run: Run, args: argparse.Namespace) -> str:
+    """What sets a finished run apart from the grid asked for now (its budget, its preset's
+    settings), as a note to its skip line; empty where nothing does. Such a run is still
+    skipped, never overwritten: moving it away reruns it."""
+    notes = []
+    if done.get("frames_target") != args.frames:
+        notes.append(f"its budget was {done.get('frames_target')} frames, not {args.frames}")
+    preset, now = AGENTS[run.agent][0], preset_fingerprint(run.agent)
+    if done.get("preset_sha") is not None and done["preset_sha"] != now:
+        notes.append(f"it ran with other settings of {preset} (fingerprint "
+                     f"{done['preset_sha']}, today {now})")
+    return "".join(f"; {note}" for note in notes) + (": move it away to rerun it"
+                                                     if notes else "")
+
+
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
@@ -347,6 +363,7 @@ def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_
     return {
         "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
         "env": f"MinAtar-{run.game}", "overrides": run_overrides(run, args.frames, args.set),
+        "preset_sha": preset_fingerprint(run.agent),
         "command": child.command, "run_dir": str(run.run_dir),
         "status": status, "exit_code": code, "attempt": child.attempt, "resumed": child.resumed,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S",

@@ -10,6 +10,7 @@ curve (tensorboard drops the events a resume purged).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
 # Agent name -> (Hydra preset under experiments/experiment/, the MinAtar baseline it is
 # compared with). Value-based agents meet DQN, actor-critic agents AC(lambda=0.8).
@@ -51,6 +53,7 @@ SUMMARY = "summary.json"
 ATTEMPTS = "attempts.jsonl"
 STDOUT = "stdout.log"
 GRID = "grid.json"
+PRESETS = Path(__file__).resolve().parents[1] / "experiments" / "experiment"
 _NAME = re.compile(r"^(?P<agent>.+)-(?P<game>[^-]+)-s(?P<seed>\d+)$")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.checkpoint's names
 
@@ -58,6 +61,18 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.checkpoint's names
 def run_name(agent: str, game: str, seed: int) -> str:
     """``<agent>-<game>-s<seed>``: the run's directory under the suite and its log.name."""
     return f"{agent}-{game}-s{seed}"
+
+
+def preset_fingerprint(agent: str) -> str | None:
+    """The first 12 hex digits of the SHA-256 of ``agent``'s MinAtar preset as parsed: its
+    settings, not its comments or layout. A finished run records it, so a run made with
+    other settings of the preset is not taken for one of today's. None: no such file."""
+    path = PRESETS / f"{AGENTS[agent][0]}.yaml"
+    if not path.is_file():
+        return None
+    settings = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    text = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def parse_run_name(name: str) -> tuple[str, str, int] | None:

@@ -339,20 +339,20 @@ def _random_breakout_return(episodes: int = 1000) -> float:
 @pytest.mark.slow
 @pytest.mark.dist
 def test_impala_beats_random_play_on_minatar_breakout(tmp_path) -> None:
-    """The MinAtar IMPALA preset with 2 actor processes: after 1.5M frames (about a minute
+    """The MinAtar IMPALA preset with 2 actor processes: after 1M frames (about two minutes
     on 2 cores) the last 20 games average at least 2.0, four times random play (0.48
-    measured here; the MinAtar paper gives about 0.5). Two runs at the paper's lr 0.0006
-    (seed 1 at 1M frames: 3.0, seed 2 at 1.5M: 3.3) set the threshold; the test runs seed
-    0, which scored 3.7 at that lr, 4.6 at the preset's 0.0012 and 4.4 with the preset's
-    orthogonal init (2026-11-25)."""
+    measured here; the MinAtar paper gives about 0.5). Two runs of IMPALA's own loss at the
+    paper's lr 0.0006 (seed 1 at 1M frames: 3.0, seed 2 at 1.5M: 3.3) set the threshold;
+    the test runs seed 0, which scores 4.85 at 1M frames with the preset's APPO settings
+    (2026-11-26; 4.4 at 1.5M with the earlier preset, IMPALA's loss)."""
     random_return = _random_breakout_return()
     assert 0.3 < random_return < 0.7
     result = impala.run(compose_preset(tmp_path, "minatar_impala", "breakout",
-                                       "env=MinAtar-Breakout", "total_frames=1500000",
+                                       "env=MinAtar-Breakout", "total_frames=1000000",
                                        "eval.episodes=0", "seed=0"))
     print(f"IMPALA MinAtar-Breakout: last-20 mean {result['mean_return_20']:.2f} at "
           f"{result['frames']:,} frames; random play {random_return:.2f}")
-    assert result["frames"] >= 1_500_000
+    assert result["frames"] >= 1_000_000
     assert result["mean_return_20"] >= max(2.0, 4 * random_return), result["returns"][-20:]
 
 

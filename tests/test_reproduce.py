@@ -301,6 +301,38 @@ def test_archive_rebuilds_the_table_and_lets_a_fresh_out_skip_finished_runs(
     assert not any(p.is_dir() for p in fresh.iterdir())  # nothing ran
 
 
+def test_a_finished_run_of_other_preset_settings_is_named_when_skipped(
+        tmp_path, monkeypatch, capsys):
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    preset = presets / "minatar_impala.yaml"
+    preset.write_text("# @package _global_\nagent:\n  passes: 4\n")
+    monkeypatch.setattr(suite, "PRESETS", presets)
+    out, archive = tmp_path / "out", tmp_path / "archive"
+    assert reproduce.main(grid_args(out, "--archive", str(archive), agents=("impala",),
+                                    seeds=("0",))) == 0
+    kept = json.loads((archive / "impala-Breakout-s0" / suite.SUMMARY).read_text())
+    assert kept["preset_sha"] == suite.preset_fingerprint("impala") is not None
+    # comments and layout are not settings: no note
+    preset.write_text("# @package _global_\n# why four passes\nagent: {passes: 4}\n")
+    capsys.readouterr()
+    assert reproduce.main(grid_args(tmp_path / "fresh", "--archive", str(archive),
+                                    agents=("impala",), seeds=("0",))) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"[reproduce] skip impala-Breakout-s0: finished "
+        f"({archive / 'impala-Breakout-s0' / suite.SUMMARY})")
+    # a changed setting is named, with both fingerprints; the run is not overwritten
+    preset.write_text("# @package _global_\nagent:\n  passes: 1\n")
+    now = suite.preset_fingerprint("impala")
+    assert now != kept["preset_sha"]
+    assert reproduce.main(grid_args(tmp_path / "fresh", "--archive", str(archive),
+                                    agents=("impala",), seeds=("0",))) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(f"; it ran with other settings of minatar_impala (fingerprint "
+                         f"{kept['preset_sha']}, today {now}): move it away to rerun it")
+    assert json.loads((archive / "impala-Breakout-s0" / suite.SUMMARY).read_text()) == kept
+
+
 def test_failed_run_sets_the_exit_code_and_is_retried_from_its_checkpoint(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_FAIL", "apex-Breakout-s1")
