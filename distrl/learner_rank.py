@@ -21,6 +21,7 @@ from distrl.config import ConfigError, OptimizerConfig, is_auto
 from distrl.envs import make_envs
 from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, resolve_device
 from distrl.logging import MetricLogger
+from distrl.malloc import keep_freed_memory
 from distrl.run_dir import run_dir_for_ranks
 from distrl.run_settings import RunSettings, seed_everything
 from distrl.sizing import machine_cores
@@ -93,6 +94,7 @@ class LearnerRank:
     device: torch.device
     threads: int
     model: nn.Module
+    malloc: str  # what distrl.malloc did in this process, for the start-up line
 
     @property
     def world(self) -> int:
@@ -148,7 +150,8 @@ class LearnerRank:
         line = (f"[distrl] run_dir={self.run_dir} learner_device={self.device} "
                 f"learner_threads={self.threads} actor_threads={dist.actor_threads} "
                 f"env_threads={dist.env_threads} actors={dist.actors} "
-                f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}{extra}")
+                f"envs_per_actor={dist.envs_per_actor} env_groups={dist.env_groups}{extra} "
+                f"{self.malloc}")
         if self.ranks is not None:
             line += (f" learner_ranks={self.world} "
                      f"actor_ranks={self.ranks.world_size - self.world} "
@@ -171,9 +174,11 @@ def start_learner_rank(settings: RunSettings, ranks: distributed.RankInfo | None
     device = resolve_device(agent_device, ranks.local_rank if ranks is not None else None)
     threads = learner_thread_count(settings.distributed.learner_threads, env.obs_shape, device)
     torch.set_num_threads(threads)
+    malloc = (keep_freed_memory() if settings.distributed.keep_freed_memory
+              else "malloc=system")
     model = make_model(env.obs_shape, env.num_actions).to(device)
     if device.type == "cpu":
         channels_last_for_training(model)
     if ranks is not None:
         distributed.broadcast_parameters(model, group=ranks.group)
-    return LearnerRank(settings, ranks, run_dir, resumed, env, device, threads, model)
+    return LearnerRank(settings, ranks, run_dir, resumed, env, device, threads, model, malloc)

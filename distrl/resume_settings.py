@@ -43,6 +43,7 @@ FREE = {
     "distributed.actor_threads": "the machine's cores",
     "distributed.env_threads": "the machine's cores",
     "distributed.start_timeout_s": "the machine's speed",
+    "distributed.keep_freed_memory": "how the learner process reuses memory, not what it learns",
     "agent.device": "the machine's devices (a run may move to a GPU)",
     "agent.*.device": "the machine's devices (a run may move to a GPU)",
 }
