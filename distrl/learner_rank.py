@@ -21,7 +21,7 @@ from distrl.config import ConfigError, OptimizerConfig, is_auto
 from distrl.envs import make_envs
 from distrl.learner import Learner, LossFn, make_lr_schedule, make_optimizer, resolve_device
 from distrl.logging import MetricLogger
-from distrl.malloc import keep_freed_memory
+from distrl.malloc import apply as apply_malloc_setting
 from distrl.run_dir import run_dir_for_ranks
 from distrl.run_settings import RunSettings, seed_everything
 from distrl.sizing import machine_cores
@@ -167,15 +167,15 @@ def start_learner_rank(settings: RunSettings, ranks: distributed.RankInfo | None
     """Run directory (rank 0 makes it or loads the checkpoint to resume, and holds its lock
     until ``owner`` closes), seeds from
     ``seed``, the env's shape, the device ``agent.device`` names, the torch threads, and
-    the model, broadcast from rank 0 so every rank starts from the same weights."""
+    the model, broadcast from rank 0 so every rank starts from the same weights; the malloc
+    setting (:func:`distrl.malloc.apply`, applied before sizing, so this call only names it)."""
     run_dir, resumed = run_dir_for_ranks(settings, agent_name, ranks, owner)
     seed_everything(seed)
     env = probe_env(settings)
     device = resolve_device(agent_device, ranks.local_rank if ranks is not None else None)
     threads = learner_thread_count(settings.distributed.learner_threads, env.obs_shape, device)
     torch.set_num_threads(threads)
-    malloc = (keep_freed_memory() if settings.distributed.keep_freed_memory
-              else "malloc=system")
+    malloc = apply_malloc_setting(settings.distributed.keep_freed_memory)
     model = make_model(env.obs_shape, env.num_actions).to(device)
     if device.type == "cpu":
         channels_last_for_training(model)

@@ -11,7 +11,8 @@ that was about a fifth of a Pong IMPALA update (benchmarks/RESULTS.md).
 ``M_TRIM_THRESHOLD`` 2 GiB: freed memory stays there), so an update reuses the previous
 one's pages. The cost is memory: what the process freed is not returned to the system,
 so its resident size stays at its high-water mark. ``distributed.keep_freed_memory``
-(default true) applies it in each learner process.
+(default true) applies it (:func:`apply`) in each learner process before auto sizing
+measures the learner's cost, so the measurement sees the update the run will make.
 """
 
 from __future__ import annotations
@@ -48,3 +49,9 @@ def keep_freed_memory() -> str:
     if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
         return "malloc=system (glibc refused mallopt)"
     return "malloc=keep_freed"
+
+
+def apply(keep: bool) -> str:
+    """``distributed.keep_freed_memory``: :func:`keep_freed_memory` where true; returns the
+    start-up line's word on it."""
+    return keep_freed_memory() if keep else "malloc=system"

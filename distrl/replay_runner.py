@@ -33,6 +33,7 @@ from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
 from distrl.learner import Learner, resolve_device
 from distrl.learner_rank import LearnerRank, check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
+from distrl.malloc import apply as apply_malloc_setting
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay_learner import Prefetcher, ReplayFeed, load_shard_replay, make_replay
 from distrl.replay_sources import (
@@ -74,6 +75,8 @@ def train_replay_agent(
         ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
     fmt = parts.experience
+    # Before sizing, so that its measurement of the learner sees the run's memory reuse.
+    apply_malloc_setting(settings.distributed.keep_freed_memory)
     settings = sizing.resolve(
         settings, parts.make_model, batch_size=None,
         learner_batch=parts.batch_size * fmt.trained_steps,

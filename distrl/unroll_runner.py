@@ -27,6 +27,7 @@ from distrl.evaluation import evaluate_final_policy, frozen_cpu_copy
 from distrl.learner import Learner, resolve_device
 from distrl.learner_rank import check_kernel, start_learner_rank
 from distrl.logging import MetricLogger
+from distrl.malloc import apply as apply_malloc_setting
 from distrl.queues import SlotPool
 from distrl.run_dir import CHECKPOINT_FORMAT, final_checkpoint, restore_learner
 from distrl.run_settings import RunSettings, settings_for_rank
@@ -124,6 +125,8 @@ def train_unroll_agent(
         A summary: frames, updates, lr, mean return of the last 20 episodes, run_dir, and
         ``throughput``: which side bounded the run (:meth:`distrl.throughput.Diagnosis.to_dict`).
     """
+    # Before sizing, so that its measurement of the learner sees the run's memory reuse.
+    apply_malloc_setting(settings.distributed.keep_freed_memory)
     settings = sizing.resolve(
         settings, parts.make_model, batch_size=parts.batch_size,
         learner_batch=parts.unroll_length * parts.batch_size,
