@@ -9,7 +9,11 @@ than the learner alone, nor than the cores can pay for every frame::
 
     fps(t) = min(1 / learn_s[t],  C / (env_s + forward_s + t * learn_s[t]))
 
-(SEED's learner also runs the inference, so its own term is ``forward_s + learn_s[t]``.)
+(SEED's learner also runs the inference, so its own term is ``forward_s + learn_s[t]``,
+and its ``t`` stops one short of ``C``: the inference server's thread runs beside the
+learner's in the same process, and a learner whose OpenMP threads outnumber the cores left
+to them waits on each other; on 2 cores SEED-IMPALA Pong ran 1.20x faster with one learner
+thread than with the two the model without that rule chose.)
 :func:`choose_topology` takes the ``t`` with the highest ``fps(t)`` (the fewest threads on
 a tie: a thread that does not speed the learner up only takes a core from the actors),
 then as many actor processes as the actors' share ``fps * (env_s + forward_s)`` of cores
@@ -134,7 +138,9 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
             "actors" only step envs.
         gpu_learner: the learner trains on a GPU (one CPU thread feeds it).
     """
-    candidates = [1] if gpu_learner else list(range(1, cores + 1))
+    # SEED: the inference server's thread keeps a core of its own beside the learner's.
+    most = cores - 1 if central_inference and cores > 1 else cores
+    candidates = [1] if gpu_learner else list(range(1, most + 1))
     rates = {t: predicted_fps(costs, cores, t, central_inference, gpu_learner)
              for t in candidates}
     best = max(rates.values())
@@ -155,6 +161,8 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
         + ("" if costs.measured else " (reference costs: not measured under torchrun)"),
         "predicted frames/s by learner threads: "
         + ", ".join(f"{t}: {r:,.0f}" for t, r in rates.items())
+        + (f" (at most {most}: the inference server's thread keeps a core)"
+           if most < cores and not gpu_learner else "")
         + f" -> learner_threads={threads}",
         f"{kind} need {actor_cores:.2f} of {cores} cores at {fps:,.0f} frames/s, up to "
         f"{CORES_PER_ACTOR:g} each with 2 env groups -> actors={actors}",

@@ -71,6 +71,27 @@ def test_seed_env_workers_pay_only_for_the_env() -> None:
     assert "env workers need 1.84 of 8 cores" in top.reasons[2]
 
 
+def test_seed_leaves_the_inference_server_a_core_of_its_own() -> None:
+    # SEED on 2 cores with costs measured on Pong (env 75, forward 17, learner 79 us on one
+    # thread and 40 on two): without the rule two threads would rank first (min(1/57us,
+    # 2/(75+17+80)us) = 11,628 against min(1/96us, 2/171us) = 10,417), but the server's
+    # thread beside two OpenMP threads made that run 0.83x of one thread's; so only t=1 is
+    # considered. On 4 cores up to 3.
+    top = sizing.choose_topology(costs(75, 17, {1: 79, 2: 40}), cores=2, batch_size=32,
+                                 central_inference=True)
+    assert top.learner_threads == 1
+    assert top.predicted_fps == pytest.approx(1 / (96 * US))
+    assert "1: 10,417 (at most 1: the inference server's thread keeps a core)" in top.reasons[1]
+    four = sizing.choose_topology(costs(75, 17, {1: 79, 4: 20}), cores=4, batch_size=32,
+                                  central_inference=True)
+    assert four.learner_threads == 3
+    assert " 4: " not in four.reasons[1]
+    # IMPALA (no server thread) may still take every core
+    impala = sizing.choose_topology(costs(10, 5, {1: 100, 2: 50}), cores=2, batch_size=32,
+                                    central_inference=False)
+    assert impala.learner_threads == 2
+
+
 def test_envs_per_group_divides_the_batch() -> None:
     assert sizing.envs_per_group(32) == 32
     assert sizing.envs_per_group(8) == 8
