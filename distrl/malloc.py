@@ -12,7 +12,10 @@ that was about a fifth of a Pong IMPALA update (benchmarks/RESULTS.md).
 one's pages. The cost is memory: what the process freed is not returned to the system,
 so its resident size stays at its high-water mark. ``distributed.keep_freed_memory``
 (default true) applies it (:func:`apply`) in each learner process before auto sizing
-measures the learner's cost, so the measurement sees the update the run will make.
+measures the learner's cost, so the measurement sees the update the run will make. It
+lasts for the life of the process: a later run in the same process (a test session,
+``benchmarks/fps.py --vs``) with the setting false does not undo it, so compare the two in
+separate processes.
 """
 
 from __future__ import annotations
