@@ -260,7 +260,8 @@ def cell_row(cell: Cell) -> str:
             if budget < REFERENCE_FRAMES:
                 reached += f" (at {frames(budget)}, reference at {frames(REFERENCE_FRAMES)})"
     evals = [r.eval_return for r in done if r.eval_return is not None]
-    eval_text = f"{np.mean(evals):.1f} ({len(evals)} seeds)" if evals else "—"
+    eval_text = (f"{np.mean(evals):.1f} ({len(evals)} seed{'s' * (len(evals) != 1)})"
+                 if evals else "—")
     # Runs end a few frames past the budget (whole batches), so compare them as printed.
     span = list(dict.fromkeys(frames(n) for n in sorted(r.frames for r in done)))
     frames_text = "—" if not span else (span[0] if len(span) == 1 else f"{span[0]}–{span[-1]}")

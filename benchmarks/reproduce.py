@@ -15,8 +15,8 @@ resumed with ``resume=<run dir>``; one with neither starts afresh (event files o
 attempt that left no checkpoint are moved to ``discarded/``). A finished run records its
 preset's fingerprint (``preset_sha``: its settings, not its comments); one skipped under a
 preset whose settings have changed since, or under another budget, is named as such on its
-skip line, so that a changed preset is never taken for the one its runs used. Ctrl-C or SIGTERM forwards
-one SIGTERM to every run (distrl then checkpoints and exits), waits up to
+skip line, so that a changed preset is never taken for the one its runs used. Ctrl-C or
+SIGTERM forwards one SIGTERM to every run (distrl then checkpoints and exits), waits up to
 ``--stop-timeout`` seconds, kills what is left of each run's process group, and exits
 128 + the signal; a second Ctrl-C kills at once.
 

@@ -152,7 +152,7 @@ def test_missing_failed_and_unfinished_runs_are_shown_never_dropped(tmp_path):
     table = report.markdown(report.collect(tmp_path), 200, 0, "t")
     row = row_of(table, "Breakout", "impala")
     assert row[2:4] == ["1/4", "20.0"]
-    assert row[8] == "21.0 (1 seeds)"
+    assert row[8] == "21.0 (1 seed)"
     assert row[-1] == ("s0 20.0, s1 unfinished (1.2M frames, 2.0), "
                        "s2 failed (exit -9, 2.0M frames, 1.0), s3 missing")
     seaquest = row_of(table, "Seaquest", "impala")
