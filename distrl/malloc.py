@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -41,10 +42,12 @@ def _glibc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 
 
+@functools.cache
 def keep_freed_memory() -> str:
     """Set glibc's malloc to serve every block from its heap and keep what is freed there;
     returns what it did, for the run's start-up line. Elsewhere (macOS, musl) nothing is
-    changed and the line says so."""
+    changed and the line says so. Done once per process: the runners call it before
+    sizing and the learner rank again for the line, which then only reads the result."""
     libc = _glibc()
     if libc is None:
         return "malloc=system (not glibc: keep_freed_memory does not apply)"
