@@ -15,7 +15,8 @@ from distrl.malloc import _glibc
 
 # A learner's update in small: the shallow torso's forward and backward on a uint8 batch
 # of 336 84x84x4 frames (38 MB as float, over glibc's largest mmap threshold of 32 MiB, as
-# a Pong IMPALA batch is); prints the minor page faults of updates 4 to 6.
+# a Pong IMPALA batch is); prints the minor page faults of updates 11 to 13, once the
+# heap has settled (measured from update 4 on, one update in several grew it once more).
 PROBE = """
 import json, resource, sys, torch
 from distrl.malloc import keep_freed_memory
@@ -27,8 +28,8 @@ model = channels_last_for_training(ShallowCNN(4))
 frames = torch.randint(0, 256, (336, 4, 84, 84), dtype=torch.uint8)
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for update in range(6):
-    if update == 3:
+for update in range(13):
+    if update == 10:
         before = faults()
     model.zero_grad()
     model(frames).square().mean().backward()
@@ -48,7 +49,7 @@ def test_a_repeated_large_allocation_reuses_its_pages_once_freed_memory_is_kept(
     system, kept = probe("system"), probe("keep")
     assert system["line"] == "malloc=system" and kept["line"] == "malloc=keep_freed"
     assert system["faults"] > 3 * batch_pages  # at least a fresh batch every update
-    # the earlier updates' pages, reused (0 in most runs, up to ~3,000 in some)
+    # the earlier updates' pages, reused (0 or 1 in 25 runs)
     assert kept["faults"] < min(batch_pages / 2, system["faults"] / 10)
 
 
