@@ -33,6 +33,7 @@ from distrl.config import (
 from distrl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.models import DuelingQNet
 from distrl.replay.formats import NStepFormat
+from distrl.side_thread import SideThread
 from distrl.types import SampleBatch
 
 # ---------------------------------------------------------------- config
@@ -157,11 +158,14 @@ class ApexLoss:
     ``target_update_interval`` calls.
     """
 
-    def __init__(self, model: nn.Module, target_update_interval: int, huber_delta: float = 1.0):
+    def __init__(self, model: nn.Module, target_update_interval: int, huber_delta: float = 1.0,
+                 target_in_thread: bool = True):
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.target_update_interval = target_update_interval
         self.huber_delta = huber_delta
         self.calls = 0
+        # The target's forward pass runs beside the online ones on a CPU learner (side_thread).
+        self.side = SideThread("apex-target", enabled=target_in_thread)
 
     def __call__(
         self, model: nn.Module, batch: SampleBatch
@@ -169,11 +173,13 @@ class ApexLoss:
         if self.calls % self.target_update_interval == 0:
             self.target.load_state_dict(model.state_dict())
         self.calls += 1
+        next_target_pending = self.side.submit(lambda: self.target(batch.next_observations),
+                                               batch.next_observations.device)
         q = model(batch.observations)
         q_taken = q.gather(1, batch.actions.unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             next_online = model(batch.next_observations)
-            next_target = self.target(batch.next_observations)
+        next_target = next_target_pending.result()
         targets = losses.n_step_double_q_targets(batch.returns, batch.discounts, next_online,
                                                  next_target)
         td_errors = targets - q_taken

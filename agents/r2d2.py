@@ -32,6 +32,7 @@ from distrl.config import (
 from distrl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.models import RecurrentDuelingQNet
 from distrl.replay.formats import SequenceFormat
+from distrl.side_thread import SideThread
 from distrl.types import SequenceSample
 
 # ---------------------------------------------------------------- config
@@ -223,7 +224,7 @@ class R2D2Loss:
     def __init__(self, model: RecurrentDuelingQNet, target_update_interval: int, burn_in: int,
                  trace_length: int, n_step: int, discount: float, rescale_epsilon: float,
                  priority_eta: float, stored_state: bool = True,
-                 staleness_interval: int = 100) -> None:
+                 staleness_interval: int = 100, target_in_thread: bool = True) -> None:
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.target_update_interval = target_update_interval
         self.burn_in, self.trace_length, self.n_step = burn_in, trace_length, n_step
@@ -232,6 +233,8 @@ class R2D2Loss:
         self.stored_state = stored_state
         self.staleness_interval = staleness_interval
         self.calls = 0
+        # The target's unroll runs beside the online one on a CPU learner (side_thread).
+        self.side = SideThread("r2d2-target", enabled=target_in_thread)
 
     def __call__(self, model: RecurrentDuelingQNet, batch: SequenceSample
                  ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
@@ -239,9 +242,11 @@ class R2D2Loss:
             self.target.load_state_dict(model.state_dict())
         measure = self.calls % self.staleness_interval == 0
         self.calls += 1
+        q_target_pending = self.side.submit(
+            lambda: unroll(self.target, batch, self.burn_in, self.stored_state),
+            batch.observations.device)
         q_online = unroll(model, batch, self.burn_in, self.stored_state)
-        with torch.no_grad():
-            q_target = unroll(self.target, batch, self.burn_in, self.stored_state)
+        q_target = q_target_pending.result()
         td, mask = sequence_td_errors(q_online, q_target, batch, self.burn_in,
                                       self.trace_length, self.n_step, self.discount,
                                       self.rescale_epsilon)
