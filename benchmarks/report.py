@@ -8,9 +8,11 @@ bootstrap confidence interval, the seeds, each seed's figure, and whether the me
 the MinAtar baseline at 5M frames (Ape-X, R2D2 and SEED-R2D2 against DQN; IMPALA and
 SEED-IMPALA against AC(0.8)). Across games: the interquartile mean (IQM, Agarwal et al.
 2021) of returns divided by DQN's, with its CI. No game or seed is left out: a missing,
-failed or unfinished run is listed as such. The PNG has one panel per game, one line per
-agent (mean over seeds of the 100-episode trailing mean, 95% CI band) against env frames,
-and the baselines marked at 5M frames.
+failed or unfinished run is listed as such. SEED-IMPALA and SEED-R2D2 against the CI of
+their learner (IMPALA, R2D2) on each game they ran. Per agent: the frames/s of wall clock
+of its finished runs and the wall time they took, and the wall time of the whole suite.
+The PNG has one panel per game, one line per agent (mean over seeds of the 100-episode
+trailing mean, 95% CI band) against env frames, and the baselines marked at 5M frames.
 
 Runs are the ``<agent>-<game>-s<seed>`` directories ``benchmarks/reproduce.py`` writes;
 its ``grid.json`` names the runs asked for (without it, every agent x game x seed seen).
@@ -42,6 +44,7 @@ from suite import (  # noqa: E402
     final_return,
     has_checkpoint,
     parse_run_name,
+    read_attempts,
     read_events,
     read_json,
     smoothed,
@@ -81,6 +84,10 @@ class RunResult:
     # event files) or at the points an archived summary.json kept (its trailing_curve)
     curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # wall-clock seconds of every attempt (start-up and evaluation included), and frames
+    # per second of wall clock over the whole run (reproduce.py's record, finished runs)
+    wall_s: float | None = None
+    fps: float | None = None
 
     @property
     def counted(self) -> bool:
@@ -116,6 +123,10 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     if status not in ("finished", "failed"):
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
+    attempts = read_attempts(run_dir)
+    result.wall_s = summary.get("wall_s_total") or (
+        sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None)
+    result.fps = summary.get("fps") if status == "finished" else None
     events = read_events(run_dir)
     if events is not None:
         result.frames, result.episodes = events.last_frame, events.episodes
@@ -344,9 +355,90 @@ def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
         "| agent | IQM (x DQN) | 95% CI | runs | games | not counted |",
         "|---|---:|---|---:|---|---|",
         *aggregates,
-        "",
-        ci_note(methods, reps),
     ]
+    comparison = seed_comparison(suite, reps, seed, methods)
+    if comparison:
+        lines += ["", comparison.rstrip("\n")]
+    lines += ["", ci_note(methods, reps), "", throughput_table(suite)]
+    return "\n".join(lines)
+
+
+SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its learner's agent
+
+
+def seed_comparison(suite: Suite, reps: int, seed: int, methods: set[str]) -> str:
+    """Per game that a SEED agent ran: its mean final return against its learner's mean and
+    95% CI on the same game, and whether the SEED mean lies inside that interval."""
+    rows = []
+    for seed_agent, learner in SEED_LEARNERS.items():
+        if seed_agent not in suite.agents or learner not in suite.agents:
+            continue
+        for game in suite.games:
+            mine = cell_stats(suite, seed_agent, game, reps, seed, methods)
+            theirs = cell_stats(suite, learner, game, reps, seed, methods)
+            if mine.mean is None and theirs.mean is None:
+                continue
+            if mine.mean is None or theirs.low is None:
+                verdict = "— (not both: SEED finished and 2 learner seeds)"
+            else:
+                inside = theirs.low <= mine.mean <= theirs.high
+                verdict = "yes" if inside else (
+                    "no, above" if mine.mean > theirs.high else "no, below")
+            mine_text = "—" if mine.mean is None else (
+                f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({len(mine.done)} seeds)")
+            theirs_text = "—" if theirs.mean is None else (
+                f"{theirs.mean:.1f} {fmt_ci(theirs.low, theirs.high)} "
+                f"({len(theirs.done)} seeds)")
+            rows.append(f"| {game} | {seed_agent} | {mine_text} | {learner} | {theirs_text} | "
+                        f"{verdict} |")
+    if not rows:
+        return ""
+    return "\n".join([
+        "SEED against its learner on the same game: the SEED agent's mean final return and "
+        "whether it lies inside the 95% CI of its learner's (IMPALA for SEED-IMPALA, R2D2 "
+        "for SEED-R2D2).",
+        "",
+        "| game | SEED agent | final return [95% CI] | learner | final return [95% CI] "
+        "| inside the learner's CI |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]) + "\n"
+
+
+def duration(seconds: float) -> str:
+    """``1h05m`` or ``9m12s``."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def throughput_table(suite: Suite) -> str:
+    """Per agent: frames/s of wall clock of its finished runs (median and range) and their
+    wall time; then the wall time of the whole suite so far (unfinished attempts too)."""
+    lines = [
+        "Throughput: frames per second of wall clock over a whole finished run (start-up, "
+        "checkpoints and the final evaluation included), as `reproduce.py` recorded it; "
+        "wall time: every attempt of every run, finished or not.",
+        "",
+        "| agent | finished runs | frames/s, median | range | wall time per run, median "
+        "| wall time, all runs |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    total = 0.0
+    for agent in suite.agents:
+        runs = [r for r in suite.runs.values() if r.agent == agent]
+        spent = sum(r.wall_s or 0.0 for r in runs)
+        total += spent
+        timed = [r for r in runs if r.counted and r.fps and r.wall_s]
+        if not timed:
+            lines.append(f"| {agent} | 0 | — | — | — | {duration(spent)} |")
+            continue
+        fps = np.array([r.fps for r in timed])
+        wall = np.median([r.wall_s for r in timed])
+        lines.append(f"| {agent} | {len(timed)} | {np.median(fps):,.0f} | "
+                     f"{fps.min():,.0f}-{fps.max():,.0f} | {duration(wall)} | "
+                     f"{duration(spent)} |")
+    lines += ["", f"Wall time of the suite so far: {duration(total)}, one run at a time."]
     return "\n".join(lines) + "\n"
 
 

@@ -166,6 +166,42 @@ def test_missing_failed_and_unfinished_runs_are_shown_never_dropped(tmp_path):
                       "2.0M frames, 1.0), s3 missing; Seaquest: no finished run")
 
 
+def test_throughput_table_gives_each_agents_frames_per_second_and_the_suite_wall_time(
+        tmp_path):
+    write_grid(tmp_path, ["impala", "apex"], ["Breakout"], [0, 1, 2])
+    for seed, fps, wall in ((0, 1000.0, 5000.0), (1, 3000.0, 2000.0)):
+        run_dir = make_run(tmp_path, "impala", "Breakout", seed, [1.0] * 100)
+        summary = json.loads((run_dir / suite.SUMMARY).read_text())
+        summary.update(fps=fps, wall_s_total=wall)
+        (run_dir / suite.SUMMARY).write_text(json.dumps(summary))
+    stopped = make_run(tmp_path, "impala", "Breakout", 2, [1.0] * 10, last_frame=100_000,
+                       status=None)  # two attempts so far, no summary: time counted, no fps
+    (stopped / suite.ATTEMPTS).write_text('{"wall_s": 60.0}\n{"wall_s": 40.0}\n')
+    table = report.throughput_table(report.collect(tmp_path))
+    assert "| impala | 2 | 2,000 | 1,000-3,000 | 58m20s | 1h58m |" in table  # 7,100 s
+    assert "| apex | 0 | — | — | — | 0m00s |" in table
+    assert "Wall time of the suite so far: 1h58m" in table
+
+
+def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
+    write_grid(tmp_path, ["impala", "seed"], ["Breakout", "Seaquest"], [0, 1, 2])
+    for game, learner, seed_agent in (("Breakout", [10.0, 12.0, 14.0], [11.0, 13.0]),
+                                      ("Seaquest", [4.0, 5.0, 6.0], [30.0, 31.0, 32.0])):
+        for s, value in enumerate(learner):
+            make_run(tmp_path, "impala", game, s, [value] * 100)
+        for s, value in enumerate(seed_agent):
+            make_run(tmp_path, "seed", game, s, [value] * 100)
+    suite_ = report.collect(tmp_path)
+    text = report.seed_comparison(suite_, 500, 0, set())
+    breakout = row_of(text, "Breakout", "seed")
+    impala_ci = report.cell_stats(suite_, "impala", "Breakout", 500, 0, set())
+    assert impala_ci.low <= 12.0 <= impala_ci.high  # SEED's mean, 12, inside [10, 14]'s CI
+    assert breakout[2].startswith("12.0 ") and breakout[3] == "impala"
+    assert breakout[-1] == "yes"
+    assert row_of(text, "Seaquest", "seed")[-1] == "no, above"
+    assert text in report.markdown(suite_, 500, 0, "t")
+
+
 def test_png_and_readme_table_are_written(tmp_path):
     suite_dir = tmp_path / "suite"
     rng = np.random.default_rng(0)
