@@ -82,7 +82,7 @@ def test_apex_loss_priorities_and_target_copies():
     assert loss_fn(model, batch)[2][0].item() == pytest.approx(1 + 0.5 * 9.0 - 1)
 
 
-def test_target_pass_in_a_worker_thread_changes_no_number():
+def test_target_pass_in_a_worker_thread_changes_no_number(intra_op_threads):
     """On CPU the target network's forward pass runs in a worker thread beside the online
     ones; loss, priorities and gradients are bit for bit those of the one-thread order."""
     import threading
@@ -94,22 +94,18 @@ def test_target_pass_in_a_worker_thread_changes_no_number():
         discounts=torch.full((16,), 0.97), weights=torch.rand(16, generator=g) + 0.5,
         next_observations=torch.rand(16, 4, 10, 10, generator=g))
     results = {}
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the worker serves a one-thread learner (side_thread)
-    try:
-        for in_thread in (False, True):
-            torch.manual_seed(1)
-            model = DuelingQNet((4, 10, 10), 6, head_size=16)
-            loss_fn = ApexLoss(model, target_update_interval=10, target_in_thread=in_thread)
-            seen = []
-            loss_fn.target.register_forward_hook(
-                lambda *_, seen=seen: seen.append(threading.current_thread().name))
-            loss, _, priorities = loss_fn(model, batch)
-            loss.backward()
-            results[in_thread] = (loss, priorities, [p.grad for p in model.parameters()])
-            assert seen[0].startswith("apex-target") == in_thread
-    finally:
-        torch.set_num_threads(threads_before)
+    intra_op_threads(1)  # the worker serves a one-thread learner (side_thread)
+    for in_thread in (False, True):
+        torch.manual_seed(1)
+        model = DuelingQNet((4, 10, 10), 6, head_size=16)
+        loss_fn = ApexLoss(model, target_update_interval=10, target_in_thread=in_thread)
+        seen = []
+        loss_fn.target.register_forward_hook(
+            lambda *_, seen=seen: seen.append(threading.current_thread().name))
+        loss, _, priorities = loss_fn(model, batch)
+        loss.backward()
+        results[in_thread] = (loss, priorities, [p.grad for p in model.parameters()])
+        assert seen[0].startswith("apex-target") == in_thread
     (l0, p0, g0), (l1, p1, g1) = results[False], results[True]
     assert torch.equal(l0, l1) and torch.equal(p0, p1)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))

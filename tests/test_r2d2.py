@@ -167,7 +167,7 @@ def test_loss_priorities_are_the_eta_mix_of_the_masked_td_errors():
     assert "r2d2/q_staleness_first" in metrics  # measured on the first call
 
 
-def test_target_unroll_in_a_worker_thread_changes_no_number(monkeypatch):
+def test_target_unroll_in_a_worker_thread_changes_no_number(monkeypatch, intra_op_threads):
     """On CPU the target network unrolls in a worker thread beside the online unroll;
     loss, priorities and gradients are bit for bit those of the one-thread order."""
     import threading
@@ -181,27 +181,23 @@ def test_target_unroll_in_a_worker_thread_changes_no_number(monkeypatch):
     monkeypatch.setattr(r2d2, "unroll", recording_unroll)
     batch = random_sample(length=9)
     results = {}
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the worker serves a one-thread learner (side_thread)
-    try:
-        for in_thread in (False, True):
-            model = small_model()
-            loss = R2D2Loss(model, target_update_interval=10, burn_in=2, trace_length=5, n_step=2,
-                            discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9,
-                            target_in_thread=in_thread)
-            threads.clear()
-            value, _, priorities = loss(model, batch)
-            value.backward()
-            target_threads = [name for net, name in threads if net is loss.target]
-            online_threads = [name for net, name in threads if net is model]
-            results[in_thread] = (value, priorities, [p.grad for p in model.parameters()])
-            assert online_threads == [threading.current_thread().name]
-            if in_thread:
-                assert target_threads[0].startswith("r2d2-target")
-            else:
-                assert target_threads == [threading.current_thread().name]
-    finally:
-        torch.set_num_threads(threads_before)
+    intra_op_threads(1)  # the worker serves a one-thread learner (side_thread)
+    for in_thread in (False, True):
+        model = small_model()
+        loss = R2D2Loss(model, target_update_interval=10, burn_in=2, trace_length=5, n_step=2,
+                        discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9,
+                        target_in_thread=in_thread)
+        threads.clear()
+        value, _, priorities = loss(model, batch)
+        value.backward()
+        target_threads = [name for net, name in threads if net is loss.target]
+        online_threads = [name for net, name in threads if net is model]
+        results[in_thread] = (value, priorities, [p.grad for p in model.parameters()])
+        assert online_threads == [threading.current_thread().name]
+        if in_thread:
+            assert target_threads[0].startswith("r2d2-target")
+        else:
+            assert target_threads == [threading.current_thread().name]
     (v0, p0, g0), (v1, p1, g1) = results[False], results[True]
     assert torch.equal(v0, v1) and torch.equal(p0, p1)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))

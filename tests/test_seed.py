@@ -503,24 +503,20 @@ class _ThreadCountingServer:
         return []
 
 
-def test_the_server_thread_runs_on_its_own_torch_thread_count():
+def test_the_server_thread_runs_on_its_own_torch_thread_count(intra_op_threads):
     """With torch_threads=1 inference runs on one thread while the learner's thread keeps
     its own count, and threads started later get the learner's count, not the server's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        server = _ThreadCountingServer()
-        with ServerThread(server, torch_threads=1):  # type: ignore[arg-type]
-            time.sleep(0.2)
-            learner_threads = torch.get_num_threads()
-            later: list[int] = []
-            thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-            thread.start()
-            thread.join()
-        assert server.threads and set(server.threads) == {1}
-        assert learner_threads == 2 and later == [2]
-    finally:
-        torch.set_num_threads(before)
+    intra_op_threads(2)
+    server = _ThreadCountingServer()
+    with ServerThread(server, torch_threads=1):  # type: ignore[arg-type]
+        time.sleep(0.2)
+        learner_threads = torch.get_num_threads()
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+    assert server.threads and set(server.threads) == {1}
+    assert learner_threads == 2 and later == [2]
 
 
 def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(tmp_path):

@@ -16,14 +16,6 @@ def where_and_grad() -> tuple[str, bool]:
     return threading.current_thread().name, torch.is_grad_enabled()
 
 
-@pytest.fixture
-def intra_op_threads():
-    """Sets torch's intra-op thread count for one test and restores it."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def test_cpu_work_of_a_one_thread_learner_runs_in_the_worker_without_gradient(
         intra_op_threads):
     intra_op_threads(1)
