@@ -123,9 +123,10 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     if status not in ("finished", "failed"):
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
-    attempts = read_attempts(run_dir)
-    result.wall_s = summary.get("wall_s_total") or (
-        sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None)
+    result.wall_s = summary.get("wall_s_total")
+    if result.wall_s is None:  # not finished: the attempts so far
+        attempts = read_attempts(run_dir)
+        result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
     result.fps = summary.get("fps") if status == "finished" else None
     events = read_events(run_dir)
     if events is not None:
@@ -329,8 +330,8 @@ def iqm_row(agg: Aggregate, games: int) -> str:
 
 def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
     methods: set[str] = set()
-    rows = [cell_row(cell_stats(suite, agent, game, reps, seed, methods))
-            for game in suite.games for agent in suite.agents]
+    cells = suite_cells(suite, reps, seed, methods)
+    rows = [cell_row(cell) for cell in cells.values()]
     aggregates = [iqm_row(iqm_stats(suite, agent, reps, seed, methods), len(suite.games))
                   for agent in suite.agents]
     lines = [
@@ -356,7 +357,7 @@ def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
         "|---|---:|---|---:|---|---|",
         *aggregates,
     ]
-    comparison = seed_comparison(suite, reps, seed, methods)
+    comparison = seed_comparison(cells)
     if comparison:
         lines += ["", comparison.rstrip("\n")]
     lines += ["", ci_note(methods, reps), "", throughput_table(suite)]
@@ -366,16 +367,25 @@ def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
 SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its learner's agent
 
 
-def seed_comparison(suite: Suite, reps: int, seed: int, methods: set[str]) -> str:
+def suite_cells(suite: Suite, reps: int, seed: int,
+                methods: set[str]) -> dict[tuple[str, str], Cell]:
+    """Every (agent, game) cell's figures, game by game in the suite's order."""
+    return {(agent, game): cell_stats(suite, agent, game, reps, seed, methods)
+            for game in suite.games for agent in suite.agents}
+
+
+def seed_comparison(cells: dict[tuple[str, str], Cell]) -> str:
     """Per game that a SEED agent ran: its mean final return against its learner's mean and
-    95% CI on the same game, and whether the SEED mean lies inside that interval."""
+    95% CI on the same game (the cells of :func:`suite_cells`), and whether the SEED mean
+    lies inside that interval."""
+    agents = {agent for agent, _ in cells}
+    games = list(dict.fromkeys(game for _, game in cells))
     rows = []
     for seed_agent, learner in SEED_LEARNERS.items():
-        if seed_agent not in suite.agents or learner not in suite.agents:
+        if seed_agent not in agents or learner not in agents:
             continue
-        for game in suite.games:
-            mine = cell_stats(suite, seed_agent, game, reps, seed, methods)
-            theirs = cell_stats(suite, learner, game, reps, seed, methods)
+        for game in games:
+            mine, theirs = cells[seed_agent, game], cells[learner, game]
             if mine.mean is None and theirs.mean is None:
                 continue
             if mine.mean is None or theirs.low is None:

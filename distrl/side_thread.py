@@ -42,8 +42,8 @@ class SideThread:
 
     def submit(self, fn: Callable[[], T], device: torch.device) -> Future[T]:
         """``fn()`` under ``torch.no_grad()``, pending: in the worker thread when enabled,
-        ``device`` is the CPU and torch runs one intra-op thread, else computed now.
-        ``result()`` re-raises its error."""
+        ``device`` is the CPU and torch runs one intra-op thread (where ``result()``
+        re-raises its error), else computed now (where the error is raised at once)."""
         def no_grad_fn() -> T:
             with torch.no_grad():  # grad mode is per thread: set it where fn runs
                 return fn()

@@ -192,7 +192,7 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
         for s, value in enumerate(seed_agent):
             make_run(tmp_path, "seed", game, s, [value] * 100)
     suite_ = report.collect(tmp_path)
-    text = report.seed_comparison(suite_, 500, 0, set())
+    text = report.seed_comparison(report.suite_cells(suite_, 500, 0, set()))
     breakout = row_of(text, "Breakout", "seed")
     impala_ci = report.cell_stats(suite_, "impala", "Breakout", 500, 0, set())
     assert impala_ci.low <= 12.0 <= impala_ci.high  # SEED's mean, 12, inside [10, 14]'s CI
