@@ -42,6 +42,7 @@ from suite import (  # noqa: E402
     SUMMARY,
     curve_at,
     final_return,
+    games_by_agent,
     has_checkpoint,
     parse_run_name,
     read_attempts,
@@ -110,7 +111,15 @@ class Suite:
     agents: list[str]
     games: list[str]
     seeds: list[int]
-    runs: dict[tuple[str, str, int], RunResult]
+    runs: dict[tuple[str, str, int], RunResult]  # the planned cells' runs only
+    planned: dict[str, list[str]]  # agent -> the games it was asked for (or ran)
+
+    def is_planned(self, agent: str, game: str) -> bool:
+        return game in self.planned.get(agent, [])
+
+    def games_of(self, agent: str) -> list[str]:
+        """``agent``'s planned games, in the suite's order of games."""
+        return [game for game in self.games if self.is_planned(agent, game)]
 
     def cell(self, agent: str, game: str) -> list[RunResult]:
         return [self.runs[agent, game, seed] for seed in self.seeds]
@@ -146,7 +155,8 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
 
 
 def collect(suite_dir: Path) -> Suite:
-    """Every run asked for (grid.json) or seen, each read from its directory."""
+    """Every run asked for (grid.json) or seen, each read from its directory: each agent
+    on the games it was asked for or ran, never on another agent's games."""
     found: dict[tuple[str, str, int], Path] = {}
     for path in sorted(p for p in suite_dir.iterdir() if p.is_dir()):
         summary = read_json(path / SUMMARY)
@@ -158,17 +168,23 @@ def collect(suite_dir: Path) -> Suite:
         if key is not None and ran:
             found[key] = path
     grid = read_json(suite_dir / GRID) or {}
-    agents = list(dict.fromkeys([*grid.get("agents", []), *(k[0] for k in found)]))
-    games = list(dict.fromkeys([*grid.get("games", []), *(k[1] for k in found)]))
+    planned = games_by_agent(grid)
+    for agent, game, _ in found:
+        planned.setdefault(agent, [])
+        if game not in planned[agent]:
+            planned[agent].append(game)
+    agents = list(dict.fromkeys([*grid.get("agents", []), *planned]))
+    games = list(dict.fromkeys([*grid.get("games", []), *(g for gs in planned.values()
+                                                           for g in gs)]))
     seeds = sorted({*grid.get("seeds", []), *(k[2] for k in found)})
     runs = {}
     for agent in agents:
-        for game in games:
+        for game in planned.get(agent, []):
             for seed in seeds:
                 path = found.get((agent, game, seed))
                 runs[agent, game, seed] = (read_run(path, agent, game, seed) if path else
                                            RunResult(agent, game, seed, "missing"))
-    return Suite(agents, games, seeds, runs)
+    return Suite(agents, games, seeds, runs, planned)
 
 
 def bootstrap_ci(per_task: list[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray],
@@ -213,6 +229,11 @@ def iqm_rows(x: np.ndarray) -> np.ndarray:
 
 def frames(n: int | float) -> str:
     return f"{n / 1e6:.1f}M frames" if n >= 1e5 else f"{int(n):,} frames"
+
+
+def seeds_text(n: int) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} seed{'s' * (n != 1)}"
 
 
 def fmt_ci(low: float | None, high: float | None, digits: int = 1) -> str:
@@ -272,8 +293,7 @@ def cell_row(cell: Cell) -> str:
             if budget < REFERENCE_FRAMES:
                 reached += f" (at {frames(budget)}, reference at {frames(REFERENCE_FRAMES)})"
     evals = [r.eval_return for r in done if r.eval_return is not None]
-    eval_text = (f"{np.mean(evals):.1f} ({len(evals)} seed{'s' * (len(evals) != 1)})"
-                 if evals else "—")
+    eval_text = f"{np.mean(evals):.1f} ({seeds_text(len(evals))})" if evals else "—"
     # Runs end a few frames past the budget (whole batches), so compare them as printed.
     span = list(dict.fromkeys(frames(n) for n in sorted(r.frames for r in done)))
     frames_text = "—" if not span else (span[0] if len(span) == 1 else f"{span[0]}–{span[-1]}")
@@ -299,7 +319,7 @@ class Aggregate:
 def iqm_stats(suite: Suite, agent: str, reps: int, seed: int, methods: set[str]) -> Aggregate:
     out, per_task = Aggregate(agent), []
     normaliser = REFERENCES[NORMALISER]
-    for game in suite.games:
+    for game in suite.games_of(agent):
         runs = suite.cell(agent, game)
         done = [r for r in runs if r.counted]
         left = [r.describe() for r in runs if not r.counted]
@@ -332,8 +352,8 @@ def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
     methods: set[str] = set()
     cells = suite_cells(suite, reps, seed, methods)
     rows = [cell_row(cell) for cell in cells.values()]
-    aggregates = [iqm_row(iqm_stats(suite, agent, reps, seed, methods), len(suite.games))
-                  for agent in suite.agents]
+    aggregates = [iqm_row(iqm_stats(suite, agent, reps, seed, methods),
+                          len(suite.games_of(agent))) for agent in suite.agents]
     lines = [
         f"### MinAtar: {title}",
         "",
@@ -369,24 +389,22 @@ SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its lea
 
 def suite_cells(suite: Suite, reps: int, seed: int,
                 methods: set[str]) -> dict[tuple[str, str], Cell]:
-    """Every (agent, game) cell's figures, game by game in the suite's order."""
+    """Every planned (agent, game) cell's figures, game by game in the suite's order."""
     return {(agent, game): cell_stats(suite, agent, game, reps, seed, methods)
-            for game in suite.games for agent in suite.agents}
+            for game in suite.games for agent in suite.agents
+            if suite.is_planned(agent, game)}
 
 
 def seed_comparison(cells: dict[tuple[str, str], Cell]) -> str:
     """Per game that a SEED agent ran: its mean final return against its learner's mean and
     95% CI on the same game (the cells of :func:`suite_cells`), and whether the SEED mean
     lies inside that interval."""
-    agents = {agent for agent, _ in cells}
     games = list(dict.fromkeys(game for _, game in cells))
     rows = []
     for seed_agent, learner in SEED_LEARNERS.items():
-        if seed_agent not in agents or learner not in agents:
-            continue
         for game in games:
-            mine, theirs = cells[seed_agent, game], cells[learner, game]
-            if mine.mean is None and theirs.mean is None:
+            mine, theirs = cells.get((seed_agent, game)), cells.get((learner, game))
+            if mine is None or theirs is None or (mine.mean is None and theirs.mean is None):
                 continue
             if mine.mean is None or theirs.low is None:
                 verdict = "— (not both: SEED finished and 2 learner seeds)"
@@ -395,10 +413,10 @@ def seed_comparison(cells: dict[tuple[str, str], Cell]) -> str:
                 verdict = "yes" if inside else (
                     "no, above" if mine.mean > theirs.high else "no, below")
             mine_text = "—" if mine.mean is None else (
-                f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({len(mine.done)} seeds)")
+                f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({seeds_text(len(mine.done))})")
             theirs_text = "—" if theirs.mean is None else (
                 f"{theirs.mean:.1f} {fmt_ci(theirs.low, theirs.high)} "
-                f"({len(theirs.done)} seeds)")
+                f"({seeds_text(len(theirs.done))})")
             rows.append(f"| {game} | {seed_agent} | {mine_text} | {learner} | {theirs_text} | "
                         f"{verdict} |")
     if not rows:
@@ -510,10 +528,11 @@ def plot(suite: Suite, path: Path, reps: int, seed: int, points: int = 200) -> N
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
     colours = {agent: f"C{i}" for i, agent in enumerate(suite.agents)}
     for ax, game in zip(axes.flat, suite.games, strict=False):
-        runs = [r for a in suite.agents for r in suite.cell(a, game)]
+        agents = [a for a in suite.agents if suite.is_planned(a, game)]
+        runs = [r for a in agents for r in suite.cell(a, game)]
         end = max([r.frames for r in runs] + [1])
         grid = np.linspace(0, end, points)
-        for agent in suite.agents:
+        for agent in agents:
             cell = [r for r in suite.cell(agent, game) if len(r.curve_frames)]
             if not cell:
                 continue

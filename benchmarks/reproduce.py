@@ -63,6 +63,7 @@ from suite import (  # noqa: E402
     event_files,
     final_return,
     finite_or_none,
+    games_by_agent,
     has_checkpoint,
     interval_returns,
     preset_fingerprint,
@@ -162,11 +163,16 @@ def append_line(path: Path, record: dict[str, Any]) -> None:
 
 
 def update_grid(out: Path, args: argparse.Namespace) -> None:
-    """``<out>/grid.json``: every agent, game and seed asked for so far, so the report can
-    show runs that never started (also in the archive, when there is one)."""
+    """``<out>/grid.json``: every agent, game and seed asked for so far, and which games
+    each agent was asked for, so the report can show runs that never started and no runs
+    that were never asked for (also in the archive, when there is one)."""
     grid = read_json(out / GRID) or {}
+    planned = games_by_agent(grid)
+    for agent in args.agents:
+        planned[agent] = list(dict.fromkeys([*planned.get(agent, []), *args.games]))
     for key in ("agents", "games", "seeds"):
         grid[key] = list(dict.fromkeys([*grid.get(key, []), *getattr(args, key)]))
+    grid["games_by_agent"] = planned
     grid.update(frames=args.frames, overrides=args.set)
     write_atomic(out / GRID, json.dumps(grid, indent=1) + "\n")
     if args.archive is not None and out != args.archive:

@@ -81,6 +81,15 @@ def parse_run_name(name: str) -> tuple[str, str, int] | None:
     return (match["agent"], match["game"], int(match["seed"])) if match else None
 
 
+def games_by_agent(grid: dict[str, Any]) -> dict[str, list[str]]:
+    """The games each agent was asked to run, from a ``grid.json``: its ``games_by_agent``
+    (one invocation of reproduce.py may run SEED on two games, another IMPALA on five), or,
+    in a grid.json written before that key, every agent on every game."""
+    if "games_by_agent" in grid:
+        return {agent: list(games) for agent, games in grid["games_by_agent"].items()}
+    return {agent: list(grid.get("games", [])) for agent in grid.get("agents", [])}
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``run.py resume=<run_dir>`` has a checkpoint to continue from (the names
     distrl.checkpoint writes; importing it would pull in torch)."""

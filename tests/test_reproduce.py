@@ -3,6 +3,7 @@ run directories made with distrl's MetricLogger or by tests/fake_run.py, no trai
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -200,6 +201,45 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
     assert breakout[-1] == "yes"
     assert row_of(text, "Seaquest", "seed")[-1] == "no, above"
     assert text in report.markdown(suite_, 500, 0, "t")
+
+
+def grid_of(agents: list[str], games: list[str], seeds: list[int]) -> argparse.Namespace:
+    """What ``reproduce.py --agents ... --games ... --seeds ...`` passes to update_grid."""
+    return argparse.Namespace(agents=agents, games=games, seeds=seeds, frames=1000, set=[],
+                              archive=None)
+
+
+def test_each_agent_is_reported_on_the_games_it_was_asked_for_only(tmp_path):
+    reproduce.update_grid(tmp_path, grid_of(["impala"], ["Breakout", "Seaquest"], [0, 1]))
+    reproduce.update_grid(tmp_path, grid_of(["seed"], ["Breakout"], [0, 1]))
+    grid = json.loads((tmp_path / suite.GRID).read_text())
+    assert grid["games_by_agent"] == {"impala": ["Breakout", "Seaquest"], "seed": ["Breakout"]}
+    for s, value in enumerate([10.0, 14.0]):
+        make_run(tmp_path, "impala", "Breakout", s, [value] * 100)
+    make_run(tmp_path, "seed", "Breakout", 0, [11.0] * 100)
+    table = report.markdown(report.collect(tmp_path), 200, 0, "t")
+    assert row_of(table, "Seaquest", "impala")[2] == "0/2"  # asked for, not run: shown
+    with pytest.raises(AssertionError, match="no row for Seaquest seed"):
+        row_of(table, "Seaquest", "seed")  # never asked for: no "missing" row
+    assert row_of(table, "seed", "1.10")[4:6] == ["1/1", "Breakout s1 missing"]  # IQM, x DQN
+    comparison = [line for line in table.splitlines() if line.startswith("| Breakout | seed |")
+                  and "| impala |" in line]
+    assert comparison == ["| Breakout | seed | 11.0 — (1 seed) | impala | 12.0 [10.0, 14.0] "
+                          "(2 seeds) | yes |"]
+    # a run found on a game nobody asked for is shown all the same
+    make_run(tmp_path, "seed", "Seaquest", 1, [3.0] * 100)
+    assert row_of(report.markdown(report.collect(tmp_path), 200, 0, "t"),
+                  "Seaquest", "seed")[2:4] == ["1/2", "3.0"]
+
+
+def test_a_grid_json_without_games_by_agent_plans_every_agent_on_every_game(tmp_path):
+    write_grid(tmp_path, ["impala", "seed"], ["Breakout", "Seaquest"], [0])  # the old format
+    assert row_of(report.markdown(report.collect(tmp_path), 200, 0, "t"),
+                  "Seaquest", "seed")[2] == "0/1"
+    reproduce.update_grid(tmp_path, grid_of(["apex"], ["Breakout"], [0]))
+    assert json.loads((tmp_path / suite.GRID).read_text())["games_by_agent"] == {
+        "impala": ["Breakout", "Seaquest"], "seed": ["Breakout", "Seaquest"],
+        "apex": ["Breakout"]}
 
 
 def test_png_and_readme_table_are_written(tmp_path):
