@@ -15,7 +15,8 @@ The PNG has one panel per game, one line per agent (mean over seeds of the 100-e
 trailing mean, 95% CI band) against env frames, and the baselines marked at 5M frames.
 
 Runs are the ``<agent>-<game>-s<seed>`` directories ``benchmarks/reproduce.py`` writes;
-its ``grid.json`` names the runs asked for (without it, every agent x game x seed seen).
+its ``grid.json`` names the runs asked for, each agent on its own games (without it, every agent
+x game x seed seen).
 """
 
 from __future__ import annotations
