@@ -22,6 +22,7 @@ x game x seed seen).
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,6 +91,11 @@ class RunResult:
     # per second of wall clock over the whole run (reproduce.py's record, finished runs)
     wall_s: float | None = None
     fps: float | None = None
+    jobs: int | None = None  # runs at a time in the invocation that finished it
+    # when each attempt ran: (start, seconds) on the clock of time.time(); attempts whose
+    # start no record kept (archives made before the spans were) count in unplaced_s
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    unplaced_s: float = 0.0
 
     @property
     def counted(self) -> bool:
@@ -134,10 +140,12 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
     result.wall_s = summary.get("wall_s_total")
+    attempts = read_attempts(run_dir)
     if result.wall_s is None:  # not finished: the attempts so far
-        attempts = read_attempts(run_dir)
         result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
+    result.spans, result.unplaced_s = attempt_spans(summary, attempts)
     result.fps = summary.get("fps") if status == "finished" else None
+    result.jobs = summary.get("jobs", 1) if status == "finished" else None
     events = read_events(run_dir)
     if events is not None:
         result.frames, result.episodes = events.last_frame, events.episodes
@@ -153,6 +161,38 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         result.curve_frames = np.asarray(curve.get("frames", []), dtype=np.int64)
         result.curve_returns = np.asarray(curve.get("return_mean", []), dtype=np.float64)
     return result
+
+
+def attempt_spans(summary: dict, attempts: list[dict]) -> tuple[list[tuple[float, float]],
+                                                                 float]:
+    """When a run's attempts ran, as (start, seconds), and the seconds of attempts whose
+    start is not known: from the summary's ``spans``, else the run directory's attempts,
+    else (an archive made before the spans) the last attempt's start and the rest
+    unplaced."""
+    def span(started: str | None, wall: float | None) -> tuple[float, float] | None:
+        if not started or not wall:
+            return None
+        return datetime.datetime.fromisoformat(started).timestamp(), float(wall)
+
+    records = summary.get("spans") or [[a.get("started"), a.get("wall_s")] for a in attempts]
+    if not records and summary.get("wall_s"):
+        records = [[summary.get("started"), summary["wall_s"]]]
+    spans = [sp for sp in (span(*r) for r in records) if sp is not None]
+    placed = sum(wall for _, wall in spans)
+    total = summary.get("wall_s_total") or sum(r[1] or 0.0 for r in records)
+    return spans, max(total - placed, 0.0)
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals (start, start + seconds): time in which
+    at least one of them ran, runs side by side counted once."""
+    total, end = 0.0, -np.inf
+    for start, wall in sorted(spans):
+        stop = start + wall
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def collect(suite_dir: Path) -> Suite:
@@ -442,16 +482,18 @@ def duration(seconds: float) -> str:
 
 
 def throughput_table(suite: Suite) -> str:
-    """Per agent: frames/s of wall clock of its finished runs (median and range) and their
-    wall time; then the wall time of the whole suite so far (unfinished attempts too)."""
+    """Per agent: frames/s of wall clock of its finished runs (median and range), how many
+    runs shared the machine, and their wall time; then the wall time of the whole suite so
+    far (unfinished attempts too), runs that ran side by side counted once."""
     lines = [
         "Throughput: frames per second of wall clock over a whole finished run (start-up, "
         "checkpoints and the final evaluation included), as `reproduce.py` recorded it; "
+        "at a time: the runs `reproduce.py --jobs` ran side by side on the machine; "
         "wall time: every attempt of every run, finished or not.",
         "",
-        "| agent | finished runs | frames/s, median | range | wall time per run, median "
-        "| wall time, all runs |",
-        "|---|---:|---:|---|---:|---:|",
+        "| agent | finished runs | at a time | frames/s, median | range "
+        "| wall time per run, median | wall time, all runs |",
+        "|---|---:|---|---:|---|---:|---:|",
     ]
     total = 0.0
     for agent in suite.agents:
@@ -460,14 +502,23 @@ def throughput_table(suite: Suite) -> str:
         total += spent
         timed = [r for r in runs if r.counted and r.fps and r.wall_s]
         if not timed:
-            lines.append(f"| {agent} | 0 | — | — | — | {duration(spent)} |")
+            lines.append(f"| {agent} | 0 | — | — | — | — | {duration(spent)} |")
             continue
         fps = np.array([r.fps for r in timed])
         wall = np.median([r.wall_s for r in timed])
-        lines.append(f"| {agent} | {len(timed)} | {np.median(fps):,.0f} | "
+        jobs = ", ".join(str(j) for j in sorted({r.jobs or 1 for r in timed}))
+        lines.append(f"| {agent} | {len(timed)} | {jobs} | {np.median(fps):,.0f} | "
                      f"{fps.min():,.0f}-{fps.max():,.0f} | {duration(wall)} | "
                      f"{duration(spent)} |")
-    lines += ["", f"Wall time of the suite so far: {duration(total)}, one run at a time."]
+    runs = suite.runs.values()
+    clock = busy_seconds([sp for r in runs for sp in r.spans]) + sum(r.unplaced_s for r in runs)
+    if round(clock) >= round(total):
+        summary = f"Wall time of the suite so far: {duration(total)}, one run at a time."
+    else:
+        summary = (f"Wall time of the suite so far: {duration(clock)} of clock time with a "
+                   f"run going (runs side by side counted once); its runs took "
+                   f"{duration(total)} between them.")
+    lines += ["", summary]
     return "\n".join(lines) + "\n"
 
 

@@ -288,6 +288,8 @@ class Grid:
         previous = read_attempts(run.run_dir)
         wall_total = wall + sum(a.get("wall_s", 0.0) for a in previous)
         record = summarise(run, child, code, status, wall, wall_total, text, self.args)
+        record["spans"] = [*([a.get("started"), a.get("wall_s")] for a in previous),
+                           [record["started"], record["wall_s"]]]
         append_line(run.run_dir / ATTEMPTS, {
             key: record[key] for key in ("attempt", "status", "exit_code", "resumed", "wall_s",
                                          "frames", "started", "command")})
@@ -375,6 +377,7 @@ def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_
         "started": time.strftime("%Y-%m-%dT%H:%M:%S",
                                  time.localtime(time.time() - wall)),
         "wall_s": round(wall, 3), "wall_s_total": round(wall_total, 3),
+        "jobs": args.jobs,  # runs at a time in this invocation: they shared the cores
         "frames_target": args.frames, "frames": frames,
         "fps": round(frames / wall_total, 1) if frames and wall_total > 0 else None,
         "fps_logged_mean": events.fps_mean if events is not None else None,

@@ -179,9 +179,45 @@ def test_throughput_table_gives_each_agents_frames_per_second_and_the_suite_wall
                        status=None)  # two attempts so far, no summary: time counted, no fps
     (stopped / suite.ATTEMPTS).write_text('{"wall_s": 60.0}\n{"wall_s": 40.0}\n')
     table = report.throughput_table(report.collect(tmp_path))
-    assert "| impala | 2 | 2,000 | 1,000-3,000 | 58m20s | 1h58m |" in table  # 7,100 s
-    assert "| apex | 0 | — | — | — | 0m00s |" in table
-    assert "Wall time of the suite so far: 1h58m" in table
+    assert "| impala | 2 | 1 | 2,000 | 1,000-3,000 | 58m20s | 1h58m |" in table  # 7,100 s
+    assert "| apex | 0 | — | — | — | — | 0m00s |" in table
+    assert "Wall time of the suite so far: 1h58m, one run at a time." in table
+
+
+def test_runs_side_by_side_count_once_in_the_suites_wall_time(tmp_path):
+    """Two runs of ``--jobs 2`` overlap by 10 minutes; a third run, archived before the
+    spans were recorded, had two attempts of which only the last one's start is known."""
+    def summary(seed: int, spans: list | None, wall_total: float, **extra) -> None:
+        run_dir = make_run(tmp_path, "apex", "Breakout", seed, [1.0] * 100)
+        record = json.loads((run_dir / suite.SUMMARY).read_text())
+        record.update(fps=1000.0, wall_s_total=wall_total, **extra)
+        if spans is not None:
+            record["spans"] = spans
+        (run_dir / suite.SUMMARY).write_text(json.dumps(record))
+
+    summary(0, [["2026-11-26T10:00:00", 1800.0]], 1800.0, jobs=2)  # 10:00-10:30
+    summary(1, [["2026-11-26T09:50:00", 600.0], ["2026-11-26T10:20:00", 1200.0]], 1800.0,
+            jobs=2)  # 9:50-10:00 and 10:20-10:40
+    summary(2, None, 900.0, started="2026-11-26T12:00:00", wall_s=300.0)  # + 600 s unplaced
+    table = report.throughput_table(report.collect(tmp_path))
+    assert "| apex | 3 | 1, 2 | 1,000 | 1,000-1,000 | 30m00s | 1h15m |" in table
+    # 9:50-10:40 (50 min) + 12:00-12:05 + 10 min of an attempt that ran at an unknown time
+    assert ("Wall time of the suite so far: 1h05m of clock time with a run going (runs side "
+            "by side counted once); its runs took 1h15m between them.") in table
+
+
+def test_a_finished_runs_summary_keeps_every_attempts_span_and_its_jobs(tmp_path):
+    out = tmp_path / "out"
+    stopped = out / "impala-Breakout-s0"
+    stopped.mkdir(parents=True)
+    (stopped / suite.ATTEMPTS).write_text(
+        '{"attempt": 1, "status": "stopped", "started": "2026-11-26T09:00:00", "wall_s": 5.0}\n')
+    assert reproduce.main(grid_args(out, "--jobs", "2", agents=("impala",), seeds=("0",))) == 0
+    record = json.loads((stopped / suite.SUMMARY).read_text())
+    assert record["jobs"] == 2 and record["attempt"] == 2
+    assert record["spans"][0] == ["2026-11-26T09:00:00", 5.0]
+    assert record["spans"][1] == [record["started"], record["wall_s"]]
+    assert report.collect(out).runs["impala", "Breakout", 0].spans[0][1] == 5.0
 
 
 def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
