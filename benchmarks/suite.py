@@ -45,6 +45,7 @@ RANDOM: dict[str, float] = {"Breakout": 0.5}  # uniform random play, where known
 NORMALISER = "DQN"  # IQM scores are return / DQN's return at 5M frames
 
 FINAL_EPISODES = 100  # the final return: mean of the last 100 training episodes
+CONFIDENCE = 0.95  # of the report's bootstrap intervals and the curves' bands
 TRAILING_POINTS = 500  # an archived learning curve: the trailing mean at this many frames
 THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.diagnose.RAW: each report's figures
 RETURN_TAG = "episode/return"  # distrl.logging.MetricLogger.episode, step = env frames

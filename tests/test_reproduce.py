@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import report  # noqa: E402
+import report_plot  # noqa: E402
 import reproduce  # noqa: E402
 import suite  # noqa: E402
 
@@ -302,7 +303,7 @@ def test_png_and_readme_table_are_written(tmp_path):
 
 def test_seed_band_is_the_mean_and_a_bootstrap_band_where_two_seeds_have_data():
     values = np.array([[1.0, 2.0, np.nan], [3.0, 2.0, 5.0]])
-    mean, low, high = report.seed_band(values, 500, np.random.default_rng(0))
+    mean, low, high = report_plot.seed_band(values, 500, np.random.default_rng(0))
     np.testing.assert_allclose(mean, [2.0, 2.0, 5.0])
     assert low[0] < 2.0 < high[0] and (low[1], high[1]) == (2.0, 2.0)
     assert np.isnan(low[2]) and np.isnan(high[2])
