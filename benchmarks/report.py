@@ -138,7 +138,9 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
     result.wall_s = summary.get("wall_s_total")
-    attempts = read_attempts(run_dir)
+    # a summary with spans (finished or failed, since the spans were recorded) holds all
+    # that the attempts file would give
+    attempts = [] if "spans" in summary else read_attempts(run_dir)
     if result.wall_s is None:  # not finished: the attempts so far
         result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
     result.spans, result.unplaced_s = attempt_spans(summary, attempts)
@@ -504,7 +506,7 @@ def throughput_table(suite: Suite) -> str:
             continue
         fps = np.array([r.fps for r in timed])
         wall = np.median([r.wall_s for r in timed])
-        jobs = ", ".join(str(j) for j in sorted({r.jobs or 1 for r in timed}))
+        jobs = ", ".join(str(j) for j in sorted({r.jobs for r in timed}))
         lines.append(f"| {agent} | {len(timed)} | {jobs} | {np.median(fps):,.0f} | "
                      f"{fps.min():,.0f}-{fps.max():,.0f} | {duration(wall)} | "
                      f"{duration(spent)} |")
