@@ -515,9 +515,9 @@ def throughput_table(suite: Suite) -> str:
     if round(clock) >= round(total):
         summary = f"Wall time of the suite so far: {duration(total)}, one run at a time."
     else:
-        summary = (f"Wall time of the suite so far: {duration(clock)} of clock time with a "
-                   f"run going (runs side by side counted once); its runs took "
-                   f"{duration(total)} between them.")
+        summary = (f"Wall time of the suite so far: {duration(clock)} of clock time in which "
+                   f"at least one run was going (an hour of two runs side by side counts "
+                   f"once); its runs took {duration(total)} between them.")
     lines += ["", summary]
     return "\n".join(lines) + "\n"
 

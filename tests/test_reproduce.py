@@ -203,8 +203,9 @@ def test_runs_side_by_side_count_once_in_the_suites_wall_time(tmp_path):
     table = report.throughput_table(report.collect(tmp_path))
     assert "| apex | 3 | 1, 2 | 1,000 | 1,000-1,000 | 30m00s | 1h15m |" in table
     # 9:50-10:40 (50 min) + 12:00-12:05 + 10 min of an attempt that ran at an unknown time
-    assert ("Wall time of the suite so far: 1h05m of clock time with a run going (runs side "
-            "by side counted once); its runs took 1h15m between them.") in table
+    assert ("Wall time of the suite so far: 1h05m of clock time in which at least one run "
+            "was going (an hour of two runs side by side counts once); its runs took 1h15m "
+            "between them.") in table
 
 
 def test_a_finished_runs_summary_keeps_every_attempts_span_and_its_jobs(tmp_path):
