@@ -11,7 +11,7 @@ import numpy as np
 from suite import CONFIDENCE, FINAL_EPISODES, RANDOM, REFERENCE_FRAMES, REFERENCES, curve_at
 
 if TYPE_CHECKING:
-    from report import Suite
+    from suite_runs import Suite
 
 
 def seed_band(values: np.ndarray, reps: int, rng: np.random.Generator

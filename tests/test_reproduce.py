@@ -24,6 +24,7 @@ import report  # noqa: E402
 import report_plot  # noqa: E402
 import reproduce  # noqa: E402
 import suite  # noqa: E402
+import suite_stats  # noqa: E402
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_run.py'}"
 
@@ -86,7 +87,7 @@ def test_final_return_is_the_mean_of_the_last_100_episodes_and_the_ci_contains_i
 
 def test_ci_narrows_with_more_seeds():
     def width(values):
-        low, high, _ = report.bootstrap_ci([np.array(values)], report.mean_rows, 2000, 0)
+        low, high, _ = suite_stats.bootstrap_ci([np.array(values)], suite_stats.mean_rows, 2000, 0)
         assert low <= np.mean(values) <= high
         return high - low
 
@@ -97,7 +98,8 @@ def test_ci_narrows_with_more_seeds():
 def test_ci_of_identical_seeds_is_the_value_and_one_seed_has_none(tmp_path):
     for seed in range(3):
         make_run(tmp_path, "impala", "Breakout", seed, [5.0] * 100)
-    assert report.bootstrap_ci([np.full(3, 5.0)], report.mean_rows, 2000, 0)[:2] == (5.0, 5.0)
+    identical = suite_stats.bootstrap_ci([np.full(3, 5.0)], suite_stats.mean_rows, 2000, 0)
+    assert identical[:2] == (5.0, 5.0)
     got = cell(tmp_path, "impala", "Breakout")
     assert (got.mean, got.low, got.high) == (5.0, 5.0, 5.0)
     make_run(tmp_path, "impala", "Freeway", 0, [30.0] * 10)

@@ -1,0 +1,189 @@
+"""A MinAtar suite's runs as their directories show them: each planned run's status,
+final return, learning curve and wall time, for ``benchmarks/report.py``'s tables and
+``benchmarks/report_plot.py``'s curves.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from suite import (
+    GRID,
+    SUMMARY,
+    final_return,
+    games_by_agent,
+    has_checkpoint,
+    parse_run_name,
+    read_attempts,
+    read_events,
+    read_json,
+    smoothed,
+)
+
+
+def frames(n: int | float) -> str:
+    return f"{n / 1e6:.1f}M frames" if n >= 1e5 else f"{int(n):,} frames"
+
+
+
+@dataclass
+class RunResult:
+    """One planned run as its directory shows it."""
+
+    agent: str
+    game: str
+    seed: int
+    status: str  # finished | failed | unfinished | missing
+    exit_code: int | None = None
+    frames: int = 0
+    final: float | None = None  # mean of the last 100 training episodes
+    episodes: int = 0
+    eval_return: float | None = None
+    # the learning curve: the trailing 100-episode mean at each episode's end (from the
+    # event files) or at the points an archived summary.json kept (its trailing_curve)
+    curve_frames: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    curve_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # wall-clock seconds of every attempt (start-up and evaluation included), and frames
+    # per second of wall clock over the whole run (reproduce.py's record, finished runs)
+    wall_s: float | None = None
+    fps: float | None = None
+    jobs: int | None = None  # runs at a time in the invocation that finished it
+    # when each attempt ran: (start, seconds) on the clock of time.time(); attempts whose
+    # start no record kept (archives made before the spans were) count in unplaced_s
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    unplaced_s: float = 0.0
+
+    @property
+    def counted(self) -> bool:
+        return self.status == "finished" and self.final is not None
+
+    def describe(self) -> str:
+        """``s0 12.3`` for a finished run, else the seed and what became of it."""
+        value = "no episodes" if self.final is None else f"{self.final:.1f}"
+        if self.status == "finished":
+            return f"s{self.seed} {value}"
+        if self.status == "missing":
+            return f"s{self.seed} missing"
+        if self.status == "failed":
+            return f"s{self.seed} failed (exit {self.exit_code}, {frames(self.frames)}, {value})"
+        return f"s{self.seed} unfinished ({frames(self.frames)}, {value})"
+
+
+@dataclass
+class Suite:
+    agents: list[str]
+    games: list[str]
+    seeds: list[int]
+    runs: dict[tuple[str, str, int], RunResult]  # the planned cells' runs only
+    planned: dict[str, list[str]]  # agent -> the games it was asked for (or ran)
+
+    def is_planned(self, agent: str, game: str) -> bool:
+        return game in self.planned.get(agent, [])
+
+    def games_of(self, agent: str) -> list[str]:
+        """``agent``'s planned games, in the suite's order of games."""
+        return [game for game in self.games if self.is_planned(agent, game)]
+
+    def cell(self, agent: str, game: str) -> list[RunResult]:
+        return [self.runs[agent, game, seed] for seed in self.seeds]
+
+
+def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
+    summary = read_json(run_dir / SUMMARY)
+    summary = summary if isinstance(summary, dict) else {}
+    status = summary.get("status")
+    if status not in ("finished", "failed"):
+        status = "unfinished"  # stopped, running, or killed before reproduce.py could record
+    result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
+    result.wall_s = summary.get("wall_s_total")
+    # a summary with spans (finished or failed, since the spans were recorded) holds all
+    # that the attempts file would give
+    attempts = [] if "spans" in summary else read_attempts(run_dir)
+    if result.wall_s is None:  # not finished: the attempts so far
+        result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
+    result.spans, result.unplaced_s = attempt_spans(summary, attempts)
+    result.fps = summary.get("fps") if status == "finished" else None
+    result.jobs = summary.get("jobs", 1) if status == "finished" else None
+    events = read_events(run_dir)
+    if events is not None:
+        result.frames, result.episodes = events.last_frame, events.episodes
+        result.final = final_return(events.returns)
+        result.eval_return = events.evaluation.get("return_mean")
+        result.curve_frames, result.curve_returns = events.frames, smoothed(events.returns)
+    else:  # an archived run, or no event files (log.tensorboard=false): reproduce.py's record
+        result.frames = summary.get("frames") or 0
+        result.final = summary.get("final_return_100")
+        result.episodes = summary.get("episodes") or 0
+        result.eval_return = (summary.get("eval") or {}).get("return_mean")
+        curve = summary.get("trailing_curve") or {}
+        result.curve_frames = np.asarray(curve.get("frames", []), dtype=np.int64)
+        result.curve_returns = np.asarray(curve.get("return_mean", []), dtype=np.float64)
+    return result
+
+
+def attempt_spans(summary: dict, attempts: list[dict]) -> tuple[list[tuple[float, float]],
+                                                                 float]:
+    """When a run's attempts ran, as (start, seconds), and the seconds of attempts whose
+    start is not known: from the summary's ``spans``, else the run directory's attempts,
+    else (an archive made before the spans) the last attempt's start and the rest
+    unplaced."""
+    def span(started: str | None, wall: float | None) -> tuple[float, float] | None:
+        if not started or not wall:
+            return None
+        return datetime.datetime.fromisoformat(started).timestamp(), float(wall)
+
+    records = summary.get("spans") or [[a.get("started"), a.get("wall_s")] for a in attempts]
+    if not records and summary.get("wall_s"):
+        records = [[summary.get("started"), summary["wall_s"]]]
+    spans = [sp for sp in (span(*r) for r in records) if sp is not None]
+    placed = sum(wall for _, wall in spans)
+    total = summary.get("wall_s_total") or sum(r[1] or 0.0 for r in records)
+    return spans, max(total - placed, 0.0)
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals (start, start + seconds): time in which
+    at least one of them ran, runs side by side counted once."""
+    total, end = 0.0, -np.inf
+    for start, wall in sorted(spans):
+        stop = start + wall
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def collect(suite_dir: Path) -> Suite:
+    """Every run asked for (grid.json) or seen, each read from its directory: each agent
+    on the games it was asked for or ran, never on another agent's games."""
+    found: dict[tuple[str, str, int], Path] = {}
+    for path in sorted(p for p in suite_dir.iterdir() if p.is_dir()):
+        summary = read_json(path / SUMMARY)
+        key = ((summary["agent"], summary["game"], int(summary["seed"]))
+               if isinstance(summary, dict) and {"agent", "game", "seed"} <= summary.keys()
+               else parse_run_name(path.name))
+        ran = (path / SUMMARY).exists() or has_checkpoint(path) or any(
+            path.glob("events.out.tfevents.*")) or (path / "stdout.log").exists()
+        if key is not None and ran:
+            found[key] = path
+    grid = read_json(suite_dir / GRID) or {}
+    planned = games_by_agent(grid)
+    for agent, game, _ in found:
+        planned.setdefault(agent, [])
+        if game not in planned[agent]:
+            planned[agent].append(game)
+    agents = list(dict.fromkeys([*grid.get("agents", []), *planned]))
+    games = list(dict.fromkeys([*grid.get("games", []), *(g for gs in planned.values()
+                                                           for g in gs)]))
+    seeds = sorted({*grid.get("seeds", []), *(k[2] for k in found)})
+    runs = {}
+    for agent in agents:
+        for game in planned.get(agent, []):
+            for seed in seeds:
+                path = found.get((agent, game, seed))
+                runs[agent, game, seed] = (read_run(path, agent, game, seed) if path else
+                                           RunResult(agent, game, seed, "missing"))
+    return Suite(agents, games, seeds, runs, planned)

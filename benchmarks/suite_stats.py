@@ -1,0 +1,63 @@
+"""Stratified-bootstrap confidence intervals and the interquartile mean of a suite's
+scores (Agarwal et al. 2021), by ``rliable`` where it imports, else the same with numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import scipy.stats
+from suite import CONFIDENCE
+
+try:  # the IQM as rliable defines it (25% trimmed mean over all runs and tasks)
+    from rliable.metrics import aggregate_iqm
+except Exception:  # noqa: BLE001 - any import failure: the same formula with scipy
+    def aggregate_iqm(scores: np.ndarray) -> float:
+        return scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None)
+
+try:
+    from rliable import library as rly_library
+    RLIABLE_ERROR = ""
+except Exception as error:  # noqa: BLE001 - e.g. arch built for another pandas
+    rly_library = None
+    RLIABLE_ERROR = f"{type(error).__name__}: {error}"
+
+
+def bootstrap_ci(per_task: list[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray],
+                 reps: int, seed: int) -> tuple[float, float, str]:
+    """95% percentile CI of ``statistic`` under the stratified bootstrap: each task's runs
+    are resampled with replacement, separately (Agarwal et al. 2021, rliable's default).
+
+    Args:
+        per_task: one array of run scores per task (game); lengths may differ.
+        statistic: ``[reps, runs] -> [reps]``, the aggregate of each resample's runs.
+        reps: bootstrap resamples.
+        seed: random seed of the resampling.
+
+    Returns ``(low, high, how)``: rliable's ``get_interval_estimates`` when it imports and
+    every task has as many runs; numpy otherwise (``how`` names which).
+    """
+    sizes = {len(v) for v in per_task}
+    if rly_library is not None and len(sizes) == 1:
+        matrix = np.stack(per_task, axis=1)  # [runs, tasks], as rliable takes it
+        np.random.seed(seed)  # rliable's StratifiedBootstrap draws from numpy's global RNG
+        _, intervals = rly_library.get_interval_estimates(
+            {"x": matrix}, lambda x: np.array([statistic(x.reshape(1, -1))[0]]),
+            reps=reps, confidence_interval_size=CONFIDENCE)
+        low, high = intervals["x"][:, 0]
+        return float(low), float(high), "rliable"
+    rng = np.random.default_rng(seed)
+    samples = np.concatenate(
+        [v[rng.integers(0, len(v), size=(reps, len(v)))] for v in per_task], axis=1)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(statistic(samples), [tail, 100 - tail])
+    return float(low), float(high), "numpy"
+
+
+def mean_rows(x: np.ndarray) -> np.ndarray:
+    return x.mean(axis=1)
+
+
+def iqm_rows(x: np.ndarray) -> np.ndarray:
+    """IQM of each row: the 25% trimmed mean, as ``rliable.metrics.aggregate_iqm``."""
+    return scipy.stats.trim_mean(x, proportiontocut=0.25, axis=1)
