@@ -28,7 +28,6 @@ def frames(n: int | float) -> str:
     return f"{n / 1e6:.1f}M frames" if n >= 1e5 else f"{int(n):,} frames"
 
 
-
 @dataclass
 class RunResult:
     """One planned run as its directory shows it."""
