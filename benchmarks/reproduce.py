@@ -32,6 +32,10 @@ keeps a copy of each ended run's ``summary.json`` (with its learning curve, the 
 ``report.py DIR`` to rebuild the table and the curves without the run directories, whose
 checkpoints and event files are too large to commit. A run the archive holds as finished is
 skipped too, so a grid continues on a fresh checkout where ``--out`` is empty.
+
+This file starts, watches and stops the runs; ``grid_plan.py`` says what the grid holds
+(each run's settings, command and state, ``grid.json``) and ``attempt_record.py`` builds an
+attempt's record from the run's events.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import ctypes
 import fcntl
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -54,42 +57,30 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from attempt_record import summarise  # noqa: E402
+from grid_plan import (  # noqa: E402
+    Run,
+    append_line,
+    command_for,
+    differences,
+    finished_summary,
+    plan,
+    state_of,
+    update_grid,
+    write_atomic,
+)
 from suite import (  # noqa: E402
     AGENTS,
     ATTEMPTS,
-    GRID,
     STDOUT,
     SUMMARY,
     event_files,
-    final_return,
-    finite_or_none,
-    games_by_agent,
-    has_checkpoint,
-    interval_returns,
-    preset_fingerprint,
     read_attempts,
-    read_events,
     read_json,
-    run_name,
-    trailing_curve,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALLED = "[distrl] received signal"  # distrl.loop.StopFlag's line: it checkpointed, exited 0
-EVAL_LINE = re.compile(r"\[distrl\] eval: (\d+) episodes .*?: return mean (-?[\d.]+)")
-CURVE_INTERVALS = 20  # the summary's training returns per 1/20 of the frame budget
-
-
-@dataclass
-class Run:
-    agent: str
-    game: str
-    seed: int
-    run_dir: Path
-
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
 
 
 @dataclass
@@ -105,79 +96,12 @@ class Child:
     stop_sent: bool = False
 
 
-def plan(out: Path, agents: list[str], games: list[str], seeds: list[int]) -> list[Run]:
-    return [Run(a, g, s, out / run_name(a, g, s)) for a in agents for g in games for s in seeds]
-
-
-def run_overrides(run: Run, frames: int, extra: list[str]) -> list[str]:
-    """The run's settings: its agent's preset and game, seed, budget and where it logs."""
-    preset, _ = AGENTS[run.agent]
-    return [f"+experiment={preset}", f"env=MinAtar-{run.game}", f"seed={run.seed}",
-            f"total_frames={frames}", f"log.dir={run.run_dir.parent}", f"log.name={run.name}",
-            *extra]
-
-
-def finished_summary(run: Run, archive: Path | None) -> Path | None:
-    """The ``summary.json`` that says ``run`` finished: its run directory's, else the
-    archive's copy; None when neither does."""
-    for path in (run.run_dir / SUMMARY, *([archive / run.name / SUMMARY] if archive else [])):
-        summary = read_json(path)
-        if isinstance(summary, dict) and summary.get("status") == "finished":
-            return path
-    return None
-
-
-def state_of(run: Run, archive: Path | None = None) -> str:
-    """finished (skip), resume (checkpoints, not finished) or fresh."""
-    if finished_summary(run, archive) is not None:
-        return "finished"
-    return "resume" if has_checkpoint(run.run_dir) else "fresh"
-
-
-def command_for(run: Run, run_cmd: list[str], frames: int, extra: list[str], resume: bool,
-                attempt: int) -> list[str]:
-    hydra = [f"hydra.run.dir={run.run_dir / 'hydra' / f'attempt-{attempt}'}"]
-    return [*run_cmd, *run_overrides(run, frames, extra), *hydra,
-            *([f"resume={run.run_dir}"] if resume else [])]
-
-
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it if reproduce.py dies (even by SIGKILL), so no
     run outlives the grid that started it (Linux; elsewhere the signal forwarding only)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def append_line(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def update_grid(out: Path, args: argparse.Namespace) -> None:
-    """``<out>/grid.json``: every agent, game and seed asked for so far, and which games
-    each agent was asked for, so the report can show runs that never started and no runs
-    that were never asked for (also in the archive, when there is one)."""
-    grid = read_json(out / GRID) or {}
-    planned = games_by_agent(grid)
-    for agent in args.agents:
-        planned[agent] = list(dict.fromkeys([*planned.get(agent, []), *args.games]))
-    for key in ("agents", "games", "seeds"):
-        grid[key] = list(dict.fromkeys([*grid.get(key, []), *getattr(args, key)]))
-    grid["games_by_agent"] = planned
-    grid.update(frames=args.frames, overrides=args.set)
-    write_atomic(out / GRID, json.dumps(grid, indent=1) + "\n")
-    if args.archive is not None and out != args.archive:
-        args.archive.mkdir(parents=True, exist_ok=True)
-        update_grid(args.archive, argparse.Namespace(**{**vars(args), "archive": None}))
 
 
 class Grid:
@@ -287,7 +211,8 @@ class Grid:
             status = "finished" if code == 0 else "failed"
         previous = read_attempts(run.run_dir)
         wall_total = wall + sum(a.get("wall_s", 0.0) for a in previous)
-        record = summarise(run, child, code, status, wall, wall_total, text, self.args)
+        record = summarise(run, child.command, child.attempt, child.resumed, code, status,
+                           wall, wall_total, text, self.args)
         record["spans"] = [*([a.get("started"), a.get("wall_s")] for a in previous),
                            [record["started"], record["wall_s"]]]
         append_line(run.run_dir / ATTEMPTS, {
@@ -336,75 +261,8 @@ class Grid:
                 time.sleep(0.1)
 
 
-def differences(done: dict[str, Any], run: Run, args: argparse.Namespace) -> str:
-    """What sets a finished run apart from the grid asked for now (its budget, its preset's
-    settings), as a note to its skip line; empty where nothing does. Such a run is still
-    skipped, never overwritten: moving it away reruns it."""
-    notes = []
-    if done.get("frames_target") != args.frames:
-        notes.append(f"its budget was {done.get('frames_target')} frames, not {args.frames}")
-    preset, now = AGENTS[run.agent][0], preset_fingerprint(run.agent)
-    if done.get("preset_sha") is not None and done["preset_sha"] != now:
-        notes.append(f"it ran with other settings of {preset} (fingerprint "
-                     f"{done['preset_sha']}, today {now})")
-    return "".join(f"; {note}" for note in notes) + (": move it away to rerun it"
-                                                     if notes else "")
-
-
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit {code}"
-
-
-def summarise(run: Run, child: Child, code: int, status: str, wall: float, wall_total: float,
-              text: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One attempt's record: identity, how it ended, frames, speed and returns."""
-    events = read_events(run.run_dir)
-    returns = events.returns if events is not None else []
-    frames = events.last_frame if events is not None else None
-    evaluation = dict(events.evaluation) if events is not None else {}
-    match = EVAL_LINE.findall(text)
-    if not evaluation and match:  # no tensorboard (log.tensorboard=false): the console line
-        episodes, mean = match[-1]
-        evaluation = {"return_mean": float(mean), "episodes": int(episodes), "source": "stdout"}
-    final = final_return(events.returns) if events is not None else None
-    width = max(args.frames // CURVE_INTERVALS, 1)
-    return {
-        "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
-        "env": f"MinAtar-{run.game}", "overrides": run_overrides(run, args.frames, args.set),
-        "preset_sha": preset_fingerprint(run.agent),
-        "command": child.command, "run_dir": str(run.run_dir),
-        "status": status, "exit_code": code, "attempt": child.attempt, "resumed": child.resumed,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S",
-                                 time.localtime(time.time() - wall)),
-        "wall_s": round(wall, 3), "wall_s_total": round(wall_total, 3),
-        "jobs": args.jobs,  # runs at a time in this invocation: they shared the cores
-        "frames_target": args.frames, "frames": frames,
-        "fps": round(frames / wall_total, 1) if frames and wall_total > 0 else None,
-        "fps_logged_mean": events.fps_mean if events is not None else None,
-        "episodes": len(returns),
-        "final_return_100": finite_or_none(final),
-        "final_return_episodes": min(len(returns), 100),
-        "curve_interval_frames": width,
-        "curve": interval_returns(events.frames, events.returns, width)
-        if events is not None else [],
-        "trailing_curve": trailing_curve(events.frames, events.returns, events.last_frame)
-        if events is not None else None,
-        "eval": evaluation or None,
-        "throughput": (run_throughput(run.run_dir)
-                       if events is not None and events.has_throughput else None),
-    }
-
-
-def run_throughput(run_dir: Path) -> dict[str, Any] | None:
-    """The run's throughput diagnosis over all its reports, by ``python -m distrl.diagnose
-    --json`` in its own process (this one stays free of torch), or None where the events
-    hold none (log.tensorboard=false, no report yet) or it failed."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "distrl.diagnose", "--json", str(run_dir)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
-        return None
 
 
 def dry_run(runs: list[Run], args: argparse.Namespace) -> None:

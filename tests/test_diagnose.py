@@ -357,14 +357,14 @@ def test_the_cli_reads_a_runs_events_and_reproduce_records_it(tmp_path, capsys):
                        "would leave more of the 2 busy cores to the learner (the actors need "
                        "about 0.7 processes' worth of time)")
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import reproduce
+    import attempt_record
     import suite
 
     assert suite.read_events(run_dir).has_throughput  # reproduce asks only such runs
-    record = reproduce.run_throughput(run_dir)  # python -m distrl.diagnose --json
+    record = attempt_record.run_throughput(run_dir)  # python -m distrl.diagnose --json
     assert record["bound"] == "learner" and record["reports"] == 2  # the start left out
     assert record["margin"] == pytest.approx(diagnose(LEARNER_BOUND, IMPALA_2_ACTORS).margin)
-    assert reproduce.run_throughput(tmp_path) is None  # no events there
+    assert attempt_record.run_throughput(tmp_path) is None  # no events there
 
 
 def test_the_cli_says_why_it_has_nothing_to_read(tmp_path, capsys):

@@ -1,0 +1,83 @@
+"""One attempt's record, as ``reproduce.py`` writes it to ``summary.jsonl``,
+``attempts.jsonl`` and ``summary.json``: identity, how it ended, frames, speed, returns,
+learning curve, evaluation and throughput diagnosis, read from the run's events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from grid_plan import Run, run_overrides
+from suite import (
+    final_return,
+    finite_or_none,
+    interval_returns,
+    preset_fingerprint,
+    read_events,
+    trailing_curve,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_LINE = re.compile(r"\[distrl\] eval: (\d+) episodes .*?: return mean (-?[\d.]+)")
+CURVE_INTERVALS = 20  # the summary's training returns per 1/20 of the frame budget
+
+
+def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: int,
+              status: str, wall: float, wall_total: float, text: str,
+              args: argparse.Namespace) -> dict[str, Any]:
+    """One attempt's record: identity, how it ended, frames, speed and returns. ``text`` is
+    what the attempt printed (its evaluation line where there are no event files);
+    ``wall_total`` counts the run's earlier attempts too."""
+    events = read_events(run.run_dir)
+    returns = events.returns if events is not None else []
+    frames = events.last_frame if events is not None else None
+    evaluation = dict(events.evaluation) if events is not None else {}
+    match = EVAL_LINE.findall(text)
+    if not evaluation and match:  # no tensorboard (log.tensorboard=false): the console line
+        episodes, mean = match[-1]
+        evaluation = {"return_mean": float(mean), "episodes": int(episodes), "source": "stdout"}
+    final = final_return(events.returns) if events is not None else None
+    width = max(args.frames // CURVE_INTERVALS, 1)
+    return {
+        "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
+        "env": f"MinAtar-{run.game}", "overrides": run_overrides(run, args.frames, args.set),
+        "preset_sha": preset_fingerprint(run.agent),
+        "command": command, "run_dir": str(run.run_dir),
+        "status": status, "exit_code": code, "attempt": attempt, "resumed": resumed,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S",
+                                 time.localtime(time.time() - wall)),
+        "wall_s": round(wall, 3), "wall_s_total": round(wall_total, 3),
+        "jobs": args.jobs,  # runs at a time in this invocation: they shared the cores
+        "frames_target": args.frames, "frames": frames,
+        "fps": round(frames / wall_total, 1) if frames and wall_total > 0 else None,
+        "fps_logged_mean": events.fps_mean if events is not None else None,
+        "episodes": len(returns),
+        "final_return_100": finite_or_none(final),
+        "final_return_episodes": min(len(returns), 100),
+        "curve_interval_frames": width,
+        "curve": interval_returns(events.frames, events.returns, width)
+        if events is not None else [],
+        "trailing_curve": trailing_curve(events.frames, events.returns, events.last_frame)
+        if events is not None else None,
+        "eval": evaluation or None,
+        "throughput": (run_throughput(run.run_dir)
+                       if events is not None and events.has_throughput else None),
+    }
+
+
+def run_throughput(run_dir: Path) -> dict[str, Any] | None:
+    """The run's throughput diagnosis over all its reports, by ``python -m distrl.diagnose
+    --json`` in its own process (this one stays free of torch), or None where the events
+    hold none (log.tensorboard=false, no report yet) or it failed."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "distrl.diagnose", "--json", str(run_dir)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None
