@@ -38,7 +38,14 @@ from suite import (  # noqa: E402
     REFERENCE_FRAMES,
     REFERENCES,
 )
-from suite_runs import RunResult, Suite, busy_seconds, collect, frames  # noqa: E402
+from suite_runs import (  # noqa: E402
+    RunResult,
+    Suite,
+    busy_seconds,
+    collect,
+    frames,
+    most_at_once,
+)
 from suite_stats import (  # noqa: E402
     RLIABLE_ERROR,
     aggregate_iqm,
@@ -266,7 +273,8 @@ def throughput_table(suite: Suite) -> str:
     lines = [
         "Throughput: frames per second of wall clock over a whole finished run (start-up, "
         "checkpoints and the final evaluation included), as `reproduce.py` recorded it; "
-        "at a time: the runs `reproduce.py --jobs` ran side by side on the machine; "
+        "at a time: the most runs of the suite going at once while it ran, from its "
+        "attempts' start times (for an attempt without one, `reproduce.py --jobs`); "
         "wall time: every attempt of every run, finished or not.",
         "",
         "| agent | finished runs | at a time | frames/s, median | range "
@@ -274,6 +282,7 @@ def throughput_table(suite: Suite) -> str:
         "|---|---:|---|---:|---|---:|---:|",
     ]
     total = 0.0
+    every_span = [sp for r in suite.runs.values() for sp in r.spans]
     for agent in suite.agents:
         runs = [r for r in suite.runs.values() if r.agent == agent]
         spent = sum(r.wall_s or 0.0 for r in runs)
@@ -284,7 +293,9 @@ def throughput_table(suite: Suite) -> str:
             continue
         fps = np.array([r.fps for r in timed])
         wall = np.median([r.wall_s for r in timed])
-        jobs = ", ".join(str(j) for j in sorted({r.jobs for r in timed}))
+        at_once = {most_at_once(r.spans, every_span) if r.spans and not r.unplaced_s
+                   else r.jobs for r in timed}
+        jobs = ", ".join(str(j) for j in sorted(at_once))
         lines.append(f"| {agent} | {len(timed)} | {jobs} | {np.median(fps):,.0f} | "
                      f"{fps.min():,.0f}-{fps.max():,.0f} | {duration(wall)} | "
                      f"{duration(spent)} |")

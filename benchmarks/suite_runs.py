@@ -155,6 +155,17 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def most_at_once(spans: list[tuple[float, float]], every: list[tuple[float, float]]) -> int:
+    """The largest number of the intervals ``every`` (start, seconds) going at one moment
+    within ``spans``: how many runs of the suite, this one among them, shared the machine
+    at the busiest point of this run's attempts (0 where ``spans`` is empty)."""
+    most = 0
+    for start, wall in spans:
+        moments = [start] + [s for s, _ in every if start <= s < start + wall]
+        most = max(most, *(sum(s <= t < s + w for s, w in every) for t in moments))
+    return most
+
+
 def collect(suite_dir: Path) -> Suite:
     """Every run asked for (grid.json) or seen, each read from its directory: each agent
     on the games it was asked for or ran, never on another agent's games."""

@@ -24,6 +24,7 @@ import report  # noqa: E402
 import report_plot  # noqa: E402
 import reproduce  # noqa: E402
 import suite  # noqa: E402
+import suite_runs  # noqa: E402
 import suite_stats  # noqa: E402
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_run.py'}"
@@ -208,6 +209,29 @@ def test_runs_side_by_side_count_once_in_the_suites_wall_time(tmp_path):
     assert ("Wall time of the suite so far: 1h05m of clock time in which at least one run "
             "was going (an hour of two runs side by side counts once); its runs took 1h15m "
             "between them.") in table
+
+
+def test_at_a_time_counts_the_runs_of_another_invocation_that_shared_the_machine(tmp_path):
+    """An Ape-X run of ``--jobs 2`` whose partner ended, beside an R2D2 run that another
+    ``reproduce.py --jobs 1`` started: both shared the machine, whatever their --jobs said.
+    A run alone, though started by ``--jobs 2``, had the machine to itself."""
+    def summary(agent: str, seed: int, started: str, wall: float, jobs: int) -> None:
+        run_dir = make_run(tmp_path, agent, "Breakout", seed, [1.0] * 100)
+        record = json.loads((run_dir / suite.SUMMARY).read_text())
+        record.update(fps=1000.0, wall_s_total=wall, jobs=jobs, spans=[[started, wall]])
+        (run_dir / suite.SUMMARY).write_text(json.dumps(record))
+
+    write_grid(tmp_path, ["apex", "r2d2"], ["Breakout"], [0, 1])
+    summary("apex", 0, "2026-11-27T01:35:00", 1800.0, jobs=2)  # 1:35-2:05
+    summary("r2d2", 0, "2026-11-27T01:40:00", 1700.0, jobs=1)  # 1:40-2:08, beside it
+    summary("apex", 1, "2026-11-27T03:00:00", 1800.0, jobs=2)  # alone
+    summary("r2d2", 1, "2026-11-27T02:00:00", 1800.0, jobs=1)  # 2:00-2:30: 3 at 2:00
+    table = report.throughput_table(report.collect(tmp_path))
+    assert "| apex | 2 | 1, 3 | 1,000 |" in table
+    assert "| r2d2 | 2 | 3 | 1,000 |" in table
+    spans = report.collect(tmp_path).runs["r2d2", "Breakout", 0].spans
+    assert suite_runs.most_at_once(spans, spans) == 1  # only itself
+    assert suite_runs.most_at_once([], spans) == 0
 
 
 def test_a_finished_runs_summary_keeps_every_attempts_span_and_its_jobs(tmp_path):
