@@ -53,7 +53,8 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         "started": time.strftime("%Y-%m-%dT%H:%M:%S",
                                  time.localtime(time.time() - wall)),
         "wall_s": round(wall, 3), "wall_s_total": round(wall_total, 3),
-        "jobs": args.jobs,  # runs at a time in this invocation: they shared the cores
+        "jobs": args.jobs,  # this invocation's --jobs; report.py counts the runs that
+        # were going at once from the spans, which another invocation's runs may join
         "frames_target": args.frames, "frames": frames,
         "fps": round(frames / wall_total, 1) if frames and wall_total > 0 else None,
         "fps_logged_mean": events.fps_mean if events is not None else None,
