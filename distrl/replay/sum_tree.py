@@ -158,9 +158,12 @@ def sample_reference(
     sums = tree[0]
     total = sums[0].double()
     batch = uniforms.numel()
-    mass = (torch.arange(batch, dtype=torch.float64, device=tree.device) + uniforms.double()) * (
-        total / batch
-    )
+    # Divide by a tensor on the tree's device, not a Python number: CUDA divides by a
+    # host scalar as a multiplication by its reciprocal, one rounding more than the
+    # compiled op's (and the CPU's) true division, which moves draws at segment edges.
+    segment = total / torch.full((), batch, dtype=torch.float64, device=tree.device)
+    draws = torch.arange(batch, dtype=torch.float64, device=tree.device)
+    mass = (draws + uniforms.double()) * segment
     node = torch.zeros(batch, dtype=torch.int64, device=tree.device)
     positions = torch.arange(FANOUT, device=tree.device)
     for level in range(1, depth + 1):
