@@ -173,7 +173,9 @@ class InferenceServer:
             if first:
                 if self.open[channel]:  # a new generation's envs: drop the old unroll
                     group.sink.abort()
-                group.begin(obs, self.policy.initial_state(obs.shape[0]))
+                # Recurrent state lives on the CPU between calls, as every later state
+                # does (below): it goes into replayed sequences, which the CPU stores.
+                group.begin(obs, tuple(s.cpu() for s in self.policy.initial_state(obs.shape[0])))
                 self.open[channel] = True
             elif not self.open[channel]:
                 continue  # a step of a worker generation already replaced: never answered

@@ -226,7 +226,9 @@ class SeedReplaySource(_ServerSource):
         def policy_for(channels: list[int]) -> Any:
             mine = torch.cat([epsilons[k * c.per_group:(k + 1) * c.per_group]
                               for k in channels])
-            return parts.make_policy(self.inference_model, mine.to(self.device))
+            # The epsilons stay on the CPU with the exploration draws (epsilon_greedy),
+            # whatever device the model runs on.
+            return parts.make_policy(self.inference_model, mine)
 
         self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.topology.obs_shape,
                     c.frame_dtype, c.mp_context, sinks,
