@@ -54,6 +54,10 @@ def _actor_process(
                 last_report = time.monotonic()
     except ActorStopped:
         pass
+    except BrokenPipeError:
+        # The learner closed its end of the report pipe: the run is over, not a failure
+        # to print and restart (seen at the end of runs with 8 actors).
+        pass
     except BaseException:
         traceback.print_exc()
         raise SystemExit(1) from None

@@ -8,12 +8,17 @@ reward is that action + 1, and the episode ends after step ``g`` when ``(g + 1) 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import os
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 from fake_envs import CounterEnv, counter_action
 
+from distrl import actor_processes
 from distrl.actor import (
     Actor,
     ActorStats,
@@ -283,3 +288,35 @@ def test_reset_core_state_clears_non_finite_done_columns() -> None:
     h = torch.tensor([[1.0, 2.0], [float("nan"), float("inf")]])
     (new_h,) = reset_core_state((h,), np.array([False, True]))
     assert torch.equal(new_h, torch.tensor([[1.0, 2.0], [0.0, 0.0]]))
+
+
+# ---------------------------------------------------------------- actor process ending
+
+
+class _SteppingActor:
+    """Each step takes a little time, so the process loop comes to send a report."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def step(self) -> None:
+        time.sleep(0.05)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_actor_process_ends_quietly_when_the_learner_closed_the_report_pipe(monkeypatch,
+                                                                           capsys):
+    """At a run's end the learner closes its end of the report pipe before every actor has
+    seen the stop: the actor's next report meets a broken pipe. That ends the actor without
+    a traceback or a failing exit (the GPU check printed one per actor)."""
+    monkeypatch.setattr(actor_processes, "ignore_stop_signals", lambda: None)
+    receive, send = multiprocessing.Pipe(duplex=False)
+    receive.close()
+    actor = _SteppingActor()
+    actor_processes._actor_process(
+        0, 0, lambda *args: actor, torch.get_num_threads(), 0, send, torch.zeros(1),
+        threading.Event(), os.getppid())
+    assert actor.closed
+    assert "Traceback" not in capsys.readouterr().err
