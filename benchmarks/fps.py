@@ -101,7 +101,12 @@ def time_training(cfg, warmup_updates: int,
             result = run(cfg, should_stop=should_stop)
     # The count can step by more than one (agent.passes > 1 counts every pass): time from
     # the first count past the warm-up to the one that stopped the run.
-    first = min(k for k in stamps if k >= warmup_updates)
+    timed_counts = [k for k in stamps if k >= warmup_updates]
+    if not timed_counts:
+        raise SystemExit(f"fps: the run stopped after {max(stamps, default=0)} updates, "
+                         f"before the {warmup_updates} warm-up updates were done: nothing "
+                         "was timed (was it stopped, or did its actors not start?)")
+    first = min(timed_counts)
     end = max(stamps)
     span, timed = stamps[end] - stamps[first], end - first
     if replay_agent:
