@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU check, one script: build distrl._C with its CUDA kernels, run the tests marked
+# gpu, time the kernels (benchmarks/kernels.py) and each agent's throughput with the
+# learner on the GPU (benchmarks/fps.py agent.device=cuda, Pong).
+#
+#     OUT=gpu-check bash benchmarks/gpu_check.sh [STEP ...]
+#
+# Steps: build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed; with none
+# named it runs them all, in that order; a failed build stops it. Each step
+# has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
+# so one hung step cannot eat the others. Wheels in .whl/ (packages the GPU machine
+# lacks: gymnasium, ale-py, hydra-core, ...) are installed first when that folder exists.
+set -u
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PY:-python3}
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build tests kernels fps-impala fps-apex fps-r2d2 fps-seed)
+
+run_step() {  # run_step NAME SECONDS COMMAND...: output to $OUT/NAME.log, tail printed
+    local name=$1 limit=$2 start=$SECONDS rc
+    shift 2
+    echo "=== $name: $* ($(date +%T), limit ${limit}s)" | tee -a "$OUT/$name.log"
+    timeout -k 10 "$limit" "$@" >> "$OUT/$name.log" 2>&1
+    rc=$?
+    echo "=== $name: rc=$rc after $((SECONDS - start)) s"
+    tail -n "${TAIL:-20}" "$OUT/$name.log"
+    return $rc
+}
+
+if [ -d .whl ]; then
+    [ -d /tmp/site/gymnasium ] || "$PY" -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(0)); import os; print('cores', len(os.sched_getaffinity(0)))"
+
+for step in "${STEPS[@]}"; do
+    case $step in
+    build)
+        # Hopper only (sm_90): one architecture compiles in a fraction of the time.
+        # CC/CXX pick the host compiler (torch passes CC to nvcc as -ccbin). On 2026-11-27
+        # the image's CC=/opt/gcc/bin/gcc built an extension whose error messages crashed
+        # (SIGSEGV streaming an int64 into a TORCH_CHECK message, on CPU and CUDA alike)
+        # while the same code passes built with the VM's g++; the lines below record which
+        # compilers built it and whether libstdc++'s stream code was copied into _C.
+        echo "CC=${CC:-unset} CXX=${CXX:-unset}; $(${CXX:-c++} --version | head -1);" \
+            "system g++: $(/usr/bin/g++ --version 2>/dev/null | head -1)" | tee -a "$OUT/build.log"
+        TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 \
+            run_step build 300 "$PY" setup.py build_ext --inplace || exit 1
+        echo "libstdc++ stream symbols defined in _C: $(nm -C --defined-only distrl/_C*.so \
+            | grep -c 'std::basic_ostream')" | tee -a "$OUT/build.log"
+        "$PY" -c "from distrl import ops; import torch
+print('extension:', ops.has_extension(), ops.extension_error())
+print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.log"
+        ;;
+    tests)
+        # The tests marked gpu, then every test of the compiled ops on both devices (the
+        # CPU kernels' error messages too: they share the build's toolchain).
+        run_step tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider -n 8 \
+            --timeout 240 tests
+        run_step tests 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 --timeout 100 \
+            tests/test_ops.py tests/test_sum_tree.py
+        ;;
+    kernels)
+        run_step kernels 150 "$PY" benchmarks/kernels.py --json "$OUT/kernels.json"
+        ;;
+    fps-impala)  # REPEATS (default 3) sets --repeats of the fps steps
+        run_step fps 120 "$PY" benchmarks/fps.py agent=impala env=Pong agent.device=cuda \
+            --repeats "${REPEATS:-3}" --updates 30
+        ;;
+    fps-apex)
+        run_step fps 130 "$PY" benchmarks/fps.py agent=apex env=Pong agent.device=cuda \
+            --repeats "${REPEATS:-3}" --warmup-updates 3 --updates 20
+        ;;
+    fps-r2d2)
+        run_step fps 130 "$PY" benchmarks/fps.py agent=r2d2 env=Pong agent.device=cuda \
+            agent.learning_starts=64 --repeats "${REPEATS:-3}" --warmup-updates 2 --updates 10
+        ;;
+    fps-seed)  # SEED-IMPALA, alternating with its IMPALA twin in each repeat
+        run_step fps 200 "$PY" benchmarks/fps.py agent=seed env=Pong agent.device=cuda \
+            --repeats "${REPEATS:-3}" --updates 30
+        ;;
+    *)
+        echo "gpu_check: unknown step $step (allowed: build tests kernels fps-impala fps-apex fps-r2d2 fps-seed)" >&2
+        exit 2
+        ;;
+    esac
+done
