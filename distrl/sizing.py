@@ -17,9 +17,10 @@ thread than with the two the model without that rule chose.)
 :func:`choose_topology` takes the ``t`` with the highest ``fps(t)`` (the fewest threads on
 a tie: a thread that does not speed the learner up only takes a core from the actors),
 then as many actor processes as the actors' share ``fps * (env_s + forward_s)`` of cores
-needs, each counted as up to two cores when its two env groups overlap ale-py's stepping
-with the forward pass. Actors that outrun the learner then block on full unroll slots (or
-the replay ratio) rather than spend the learner's cores on stale experience.
+needs, each counted as the cores one actor keeps busy (:func:`cores_per_actor`: its two
+env groups overlap ale-py's stepping with the forward pass, so between one and two).
+Actors that outrun the learner then block on full unroll slots (or the replay ratio)
+rather than spend the learner's cores on stale experience.
 
 :func:`measure_costs` times the three costs on this machine in about two seconds: the
 env's own vector env stepping random actions on one thread, and the agent's network
@@ -58,9 +59,6 @@ FIXED = {"actors": 2, "envs_per_actor": 32, "env_groups": 2}
 # forward pass, and no larger (batch 16 -> 32 halves the per-frame cost of a Pong
 # forward on one core; 64 saves little more and doubles the policy lag of an unroll).
 ATARI_ENVS_PER_GROUP = 32
-# Cores one actor process can keep busy: with two env groups, ale-py's worker thread
-# steps one group while the forward pass runs for the other.
-CORES_PER_ACTOR = 2.0
 # Pong IMPALA's costs per env frame on this project's 2-core machine (benchmarks/
 # RESULTS.md, issue 22): used under torchrun, where ranks must agree without measuring.
 REFERENCE_ENV_S = 83e-6
@@ -117,6 +115,22 @@ def predicted_fps(costs: Costs, cores: int, threads: int, central_inference: boo
     return min(1.0 / learner_wall, cores / cpu_per_frame)
 
 
+def cores_per_actor(costs: Costs, central_inference: bool) -> float:
+    """Cores one actor process keeps busy. With two env groups, ale-py's worker thread
+    steps one group while the forward pass runs for the other: per frame the actor takes
+    the longer of the two in wall time and their sum in CPU time, so
+    ``(env_s + forward_s) / max(env_s, forward_s)``, between 1 and 2. SEED's env workers
+    only step envs (the learner runs the forward passes): 1.
+
+    The first GPU check (H100, 16 cores, benchmarks/RESULTS.md) measured env 141 us and
+    forward 23 us: 1.16 by this rule, and 8 actors kept 8.4 cores busy; the flat 2 used
+    before gave 8 actors for 16 cores and left half of them idle.
+    """
+    if central_inference:
+        return 1.0
+    return (costs.env_s + costs.forward_s) / max(costs.env_s, costs.forward_s)
+
+
 def envs_per_group(batch_size: int | None, per_group: int = ATARI_ENVS_PER_GROUP) -> int:
     """The largest count <= ``per_group`` that divides ``batch_size`` (an unroll batch is
     whole env groups' unrolls); ``per_group`` where batches are not made of unrolls."""
@@ -148,7 +162,8 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
     fps = rates[threads]
     acting_s = costs.env_s + (0.0 if central_inference else costs.forward_s)
     actor_cores = fps * acting_s
-    actors = min(max(1, math.ceil(actor_cores / CORES_PER_ACTOR - 1e-9)), cores)
+    per_actor = cores_per_actor(costs, central_inference)
+    actors = min(max(1, math.ceil(actor_cores / per_actor - 1e-9)), cores)
     per_group = envs_per_group(batch_size)
     groups = 2
     kind = "env workers" if central_inference else "actors"
@@ -164,8 +179,8 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
         + (f" (at most {most}: the inference server's thread keeps a core)"
            if most < cores and not gpu_learner else "")
         + f" -> learner_threads={threads}",
-        f"{kind} need {actor_cores:.2f} of {cores} cores at {fps:,.0f} frames/s, up to "
-        f"{CORES_PER_ACTOR:g} each with 2 env groups -> actors={actors}",
+        f"{kind} need {actor_cores:.2f} of {cores} cores at {fps:,.0f} frames/s, "
+        f"{per_actor:.2f} each with 2 env groups -> actors={actors}",
         f"{per_group} envs per group (a batched forward"
         + (f", dividing agent.batch_size={batch_size})" if batch_size else ")")
         + f" -> envs_per_actor={per_group * groups} env_groups={groups}",

@@ -24,7 +24,7 @@ def test_two_core_pong_costs_choose_one_actor_and_one_learner_thread() -> None:
     # Pong IMPALA's per-frame costs on 2 cores: env 83, forward 25, learner 86 us on one
     # thread and 53 on two. One thread: min(1/86us, 2/(83+25+86)us) = 10,309 frames/s;
     # two: min(1/53us, 2/(83+25+106)us) = 9,346. Actors need 10,309 x 108us = 1.11 cores,
-    # which one actor of two env groups gives.
+    # which one actor of two env groups gives: it keeps (83+25)/83 = 1.30 cores busy.
     top = sizing.choose_topology(costs(83, 25, {1: 86, 2: 53}), cores=2, batch_size=32,
                                  central_inference=False)
     assert (top.actors, top.envs_per_actor, top.env_groups, top.learner_threads) == (1, 64, 2, 1)
@@ -50,24 +50,38 @@ def test_a_learner_that_bounds_the_run_gets_both_cores_and_a_tie_keeps_one() -> 
 
 def test_a_gpu_learner_leaves_the_cores_to_actors() -> None:
     # 16 cores, a GPU learner at 4 us per frame: min(250,000, 16/(83+25)us = 148,148);
-    # actors need 148,148 x 108us = 16 cores -> 8 actors of up to 2 cores each.
+    # actors need 148,148 x 108us = 16 cores -> 13 actors of (83+25)/83 = 1.30 cores each.
     top = sizing.choose_topology(costs(83, 25, {1: 4}), cores=16, batch_size=32,
                                  central_inference=False, gpu_learner=True)
     assert top.learner_threads == 1
     assert top.predicted_fps == pytest.approx(16 / (108 * US))
-    assert top.actors == 8
+    assert top.actors == 13
+    assert "1.30 each with 2 env groups -> actors=13" in top.reasons[2]
+
+
+def test_an_actor_counts_the_cores_its_env_groups_overlap() -> None:
+    # The H100 check's Pong costs (env 141, forward 23 us; 16 cores, GPU learner): an actor
+    # keeps (141+23)/141 = 1.16 cores busy, so the 16 cores the actors need take 14 actors.
+    # There the flat 2 cores per actor used before gave 8 actors, which kept 8.4 busy.
+    assert sizing.cores_per_actor(costs(141, 23, {1: 1}), False) == pytest.approx(164 / 141)
+    assert sizing.cores_per_actor(costs(20, 20, {1: 1}), False) == pytest.approx(2.0)
+    assert sizing.cores_per_actor(costs(141, 23, {1: 1}), True) == 1.0  # SEED's env workers
+    top = sizing.choose_topology(costs(141, 23, {1: 1}), cores=16, batch_size=32,
+                                 central_inference=False, gpu_learner=True)
+    assert top.actors == 14
 
 
 def test_seed_env_workers_pay_only_for_the_env() -> None:
     # SEED: the learner process runs inference too: its bound is 1/(forward + learn).
     # 8 cores, env 83, forward 25, learner 20 us on 1 thread (only 1 measured: Amdahl has
     # nothing to go on, so more threads are not faster): min(1/45us = 22,222,
-    # 8/(83+25+20)us = 62,500) = 22,222; the workers need 22,222 x 83us = 1.84 cores.
+    # 8/(83+25+20)us = 62,500) = 22,222; the workers need 22,222 x 83us = 1.84 cores, one
+    # core each (they only step envs): 2 workers.
     top = sizing.choose_topology(costs(83, 25, {1: 20}), cores=8, batch_size=32,
                                  central_inference=True)
     assert top.learner_threads == 1
     assert top.predicted_fps == pytest.approx(1 / (45 * US))
-    assert top.actors == 1
+    assert top.actors == 2
     assert "env workers need 1.84 of 8 cores" in top.reasons[2]
 
 
