@@ -3,6 +3,7 @@
     python benchmarks/reproduce.py --out results/minatar --agents impala apex r2d2 \
         --games Breakout SpaceInvaders --seeds 0 1 2 --frames 5000000 \
         [--jobs N] [--set key=value ...] [--dry-run] [--run-cmd "python run.py"]
+        [--no-start-after MINUTES] [--stop-after MINUTES]
 
 Each run is ``run.py +experiment=minatar_<agent> env=MinAtar-<Game> seed=<s>
 total_frames=<frames> log.dir=<out> log.name=<agent>-<game>-s<seed>`` plus the ``--set``
@@ -19,6 +20,11 @@ skip line, so that a changed preset is never taken for the one its runs used. Ct
 SIGTERM forwards one SIGTERM to every run (distrl then checkpoints and exits), waits up to
 ``--stop-timeout`` seconds, kills what is left of each run's process group, and exits
 128 + the signal; a second Ctrl-C kills at once.
+
+For a time-limited allocation (a SLURM job, a shared machine's session) ``--no-start-after
+M`` starts no run once M minutes have passed since the grid began (runs going on finish), and
+``--stop-after M`` stops every run at M minutes as SIGTERM does (checkpoint and exit, to be
+resumed by the next invocation) and exits 0, or 1 when a run failed.
 
 Each attempt appends a record to ``<out>/summary.jsonl`` and ``<run dir>/attempts.jsonl``;
 an attempt that ended on its own (finished or failed) also writes ``<run dir>/summary.json``.
@@ -113,7 +119,14 @@ class Grid:
         self.running: list[Child] = []
         self.records: list[dict[str, Any]] = []
         self.stop_signal = 0
+        self.stopping = False  # on a signal or at --stop-after: no run starts, all stop
         self.deadline = float("inf")
+        began = time.monotonic()
+        self.start_until = began + 60.0 * args.no_start_after if args.no_start_after is not None \
+            else float("inf")
+        self.stop_at = began + 60.0 * args.stop_after if args.stop_after is not None \
+            else float("inf")
+        self.start_window_closed = False
 
     def on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_signal:  # a second Ctrl-C: now
@@ -122,11 +135,30 @@ class Grid:
                 self.kill_group(child)
             return
         self.stop_signal = signum
+        self.stop(f"signal {signum}")
+
+    def stop(self, reason: str) -> None:
+        """SIGTERM every run (it checkpoints and exits) and start no other."""
+        if self.stopping:
+            return
+        self.stopping = True
         self.deadline = time.monotonic() + self.args.stop_timeout
-        print(f"[reproduce] signal {signum}: stopping {len(self.running)} run(s) (SIGTERM: "
+        print(f"[reproduce] {reason}: stopping {len(self.running)} run(s) (SIGTERM: "
               f"checkpoint and exit), {len(self.pending)} not started", flush=True)
         for child in self.running:
             self.terminate(child)
+
+    def may_start(self) -> bool:
+        if self.stopping or not self.pending:
+            return False
+        if time.monotonic() >= self.start_until:
+            if not self.start_window_closed:
+                self.start_window_closed = True
+                print(f"[reproduce] --no-start-after {self.args.no_start_after:g} min reached: "
+                      f"{len(self.pending)} run(s) not started, {len(self.running)} running on",
+                      flush=True)
+            return False
+        return True
 
     def terminate(self, child: Child) -> None:
         child.stop_sent = True
@@ -240,18 +272,20 @@ class Grid:
             child.proc.wait()
 
     def loop(self) -> None:
-        while self.running or (self.pending and not self.stop_signal):
-            while self.pending and not self.stop_signal and len(self.running) < self.args.jobs:
+        while self.running or self.may_start():
+            if time.monotonic() >= self.stop_at:
+                self.stop(f"--stop-after {self.args.stop_after:g} min reached")
+            while self.may_start() and len(self.running) < self.args.jobs:
                 self.launch(self.pending.pop(0))
             for child in self.running:  # a stop that came while it was being launched
-                if self.stop_signal and not child.stop_sent:
+                if self.stopping and not child.stop_sent:
                     self.terminate(child)
             for child in list(self.running):
                 code = self.exited(child)
                 if code is not None:
                     self.running.remove(child)
                     self.finish(child, code)
-            if self.stop_signal and time.monotonic() > self.deadline:
+            if self.stopping and time.monotonic() > self.deadline:
                 for child in self.running:
                     print(f"[reproduce] {child.run.name} still running after "
                           f"{self.args.stop_timeout:g} s: killing it", flush=True)
@@ -297,9 +331,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "skipped")
     parser.add_argument("--stop-timeout", type=float, default=300.0,
                         help="seconds a stopped run may take to checkpoint before SIGKILL")
+    parser.add_argument("--no-start-after", type=float, metavar="MINUTES",
+                        help="start no run once this many minutes have passed since the grid "
+                             "began; runs going on finish")
+    parser.add_argument("--stop-after", type=float, metavar="MINUTES",
+                        help="at this many minutes, stop every run as SIGTERM does "
+                             "(checkpoint, resumable) and exit")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.frames < 1:
         parser.error("--jobs and --frames must be positive")
+    for name in ("no_start_after", "stop_after"):
+        if getattr(args, name) is not None and not getattr(args, name) >= 0:
+            parser.error(f"--{name.replace('_', '-')} must be a number of minutes >= 0, "
+                         f"got {getattr(args, name)}")
     args.out = args.out.resolve()
     args.archive = args.archive.resolve() if args.archive is not None else None
     args.run_cmd = shlex.split(args.run_cmd)

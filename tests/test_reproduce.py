@@ -591,3 +591,45 @@ def test_a_run_another_reproduce_holds_is_left_alone(tmp_path, capsys):
         assert reproduce.main(grid_args(out, agents=("apex",), seeds=("0",))) == 0
     assert "skip apex-Breakout-s0: another reproduce.py is running it" in capsys.readouterr().out
     assert not (run_dir / "invocations.jsonl").exists()
+
+
+def test_no_run_starts_after_no_start_after_and_the_running_one_finishes(tmp_path, monkeypatch,
+                                                                         capsys):
+    monkeypatch.setenv("FAKE_STEP_S", "0.05")  # a run takes >= 1 s, the window is 0.6 s
+    out = tmp_path / "out"
+    assert reproduce.main(grid_args(out, "--jobs", "1", "--no-start-after", "0.01")) == 0
+    printed = capsys.readouterr().out
+    ran = [p.name for p in out.iterdir() if p.is_dir()]
+    assert ran == ["impala-Breakout-s0"]
+    summary = json.loads((out / ran[0] / suite.SUMMARY).read_text())
+    assert (summary["status"], summary["frames"]) == ("finished", 1000)
+    assert "--no-start-after 0.01 min reached: 3 run(s) not started, 1 running on" in printed
+    assert "3 not started" in printed.splitlines()[-1]
+
+
+def test_stop_after_checkpoints_every_run_and_a_rerun_resumes_them(tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.setenv("FAKE_STEP_S", "0.5")  # a run takes 10 s; stopped at 4.8 s
+    out = tmp_path / "out"
+    assert reproduce.main(grid_args(out, "--jobs", "2", "--stop-after", "0.08")) == 0
+    printed = capsys.readouterr().out
+    assert "--stop-after 0.08 min reached: stopping 2 run(s)" in printed
+    names = ["impala-Breakout-s0", "impala-Breakout-s1"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == names
+    for name in names:
+        attempt = json.loads((out / name / suite.ATTEMPTS).read_text())
+        assert (attempt["status"], attempt["exit_code"]) == ("stopped", 0)
+        assert suite.has_checkpoint(out / name) and not (out / name / suite.SUMMARY).exists()
+    monkeypatch.setenv("FAKE_STEP_S", "0")
+    assert reproduce.main(grid_args(out, "--jobs", "2")) == 0
+    for name in names:
+        assert invocations(out / name)[-2]["argv"][-1] == f"resume={out / name}"
+        assert json.loads((out / name / suite.SUMMARY).read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("flag", ["--stop-after", "--no-start-after"])
+def test_a_negative_time_limit_is_refused_naming_the_flag(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit):
+        reproduce.main(grid_args(tmp_path / "out", flag, "-1"))
+    assert f"{flag} must be a number of minutes >= 0, got -1.0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
