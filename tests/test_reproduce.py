@@ -257,13 +257,19 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
         for s, value in enumerate(seed_agent):
             make_run(tmp_path, "seed", game, s, [value] * 100)
     suite_ = report.collect(tmp_path)
-    text = report.seed_comparison(report.suite_cells(suite_, 500, 0, set()))
+    text = report.seed_comparison(report.suite_cells(suite_, 500, 0, set()), 500, 0)
     breakout = row_of(text, "Breakout", "seed")
     impala_ci = report.cell_stats(suite_, "impala", "Breakout", 500, 0, set())
     assert impala_ci.low <= 12.0 <= impala_ci.high  # SEED's mean, 12, inside [10, 14]'s CI
     assert breakout[2].startswith("12.0 ") and breakout[3] == "impala"
     assert breakout[-1] == "yes"
-    assert row_of(text, "Seaquest", "seed")[-1] == "no, above"
+    # gap 12 - 12 = 0; SEED's two seeds and IMPALA's three spread it both ways
+    assert breakout[-2].startswith("+0.0 [-") and breakout[-2].endswith("]")
+    seaquest = row_of(text, "Seaquest", "seed")
+    assert seaquest[-1] == "no, above"
+    # every resample of {30, 31, 32} minus one of {4, 5, 6} lies in [24, 28]
+    low, high = (float(x) for x in seaquest[-2].split("[")[1].rstrip("]").split(","))
+    assert seaquest[-2].startswith("+26.0 ") and 24.0 <= low < 26.0 < high <= 28.0
     assert text in report.markdown(suite_, 500, 0, "t")
 
 
@@ -289,7 +295,7 @@ def test_each_agent_is_reported_on_the_games_it_was_asked_for_only(tmp_path):
     comparison = [line for line in table.splitlines() if line.startswith("| Breakout | seed |")
                   and "| impala |" in line]
     assert comparison == ["| Breakout | seed | 11.0 — (1 seed) | impala | 12.0 [10.0, 14.0] "
-                          "(2 seeds) | yes |"]
+                          "(2 seeds) | — | yes |"]  # one SEED seed: no interval of the gap
     # a run found on a game nobody asked for is shown all the same
     make_run(tmp_path, "seed", "Seaquest", 1, [3.0] * 100)
     assert row_of(report.markdown(report.collect(tmp_path), 200, 0, "t"),
@@ -633,3 +639,12 @@ def test_a_negative_time_limit_is_refused_naming_the_flag(tmp_path, capsys, flag
         reproduce.main(grid_args(tmp_path / "out", flag, "-1"))
     assert f"{flag} must be a number of minutes >= 0, got -1.0" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_difference_ci_of_a_constant_shift_is_the_shift_and_of_like_sets_holds_zero():
+    a, b = np.array([5.0, 5.0, 5.0]), np.array([2.0, 2.0])
+    assert suite_stats.difference_ci(a, b, 1000, 0) == (3.0, 3.0)
+    # {0, 10} against itself: each resampled mean is 0, 5 or 10 (1/4, 1/2, 1/4), so the gap
+    # is -10 with probability 1/16 > 2.5%: the interval is [-10, 10]
+    assert suite_stats.difference_ci(np.array([0.0, 10.0]), np.array([0.0, 10.0]),
+                                     20000, 0) == (-10.0, 10.0)
