@@ -89,11 +89,16 @@ class Cell:
     def done(self) -> list[RunResult]:
         return [r for r in self.runs if r.counted]
 
+    @property
+    def finals(self) -> np.ndarray:
+        """The final return of each finished seed."""
+        return np.array([r.final for r in self.done])
+
 
 def cell_stats(suite: Suite, agent: str, game: str, reps: int, seed: int,
                methods: set[str]) -> Cell:
     cell = Cell(agent, game, suite.cell(agent, game))
-    values = np.array([r.final for r in cell.done])
+    values = cell.finals
     if len(values):
         cell.mean = float(values.mean())
     if len(values) >= 2:
@@ -242,8 +247,7 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
                     "no, above" if mine.mean > theirs.high else "no, below")
             gap_text = "—"
             if len(mine.done) >= 2 and len(theirs.done) >= 2:
-                low, high = difference_ci(np.array([r.final for r in mine.done]),
-                                          np.array([r.final for r in theirs.done]), reps, seed)
+                low, high = difference_ci(mine.finals, theirs.finals, reps, seed)
                 gap_text = f"{mine.mean - theirs.mean:+.1f} {fmt_ci(low, high)}"
             mine_text = "—" if mine.mean is None else (
                 f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({seeds_text(len(mine.done))})")
