@@ -54,11 +54,14 @@ def load_config(overrides: list[str]):
 
 def twin_overrides(seed_overrides: list[str], learner: str) -> list[str]:
     """The plain agent run (IMPALA or R2D2) that matches a SEED run: the same learner
-    settings and topology, actors with policy copies instead of central inference."""
+    settings, device and topology, actors with policy copies instead of central
+    inference."""
     out = []
     for override in seed_overrides:
         if override.startswith("agent="):
             out.append(f"agent={learner}")
+        elif override.startswith("agent.device="):  # SEED's one device is the learner's
+            out.append(override)
         elif override.startswith(f"agent.{learner}."):
             out.append("agent." + override.removeprefix(f"agent.{learner}."))
         elif not override.startswith("agent."):  # SEED's own settings have no twin

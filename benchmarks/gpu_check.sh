@@ -5,7 +5,7 @@
 #
 #     OUT=gpu-check bash benchmarks/gpu_check.sh [STEP ...]
 #
-# Steps: build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed; with none
+# Steps: build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed, fps-seed-r2d2; with none
 # named it runs them all, in that order; a failed build stops it. Each step
 # has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
 # so one hung step cannot eat the others. Wheels in .whl/ (packages the GPU machine
@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(build tests kernels fps-impala fps-apex fps-r2d2 fps-seed)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build tests kernels fps-impala fps-apex fps-r2d2 fps-seed fps-seed-r2d2)
 
 run_step() {  # run_step NAME SECONDS COMMAND...: output to $OUT/NAME.log, tail printed
     local name=$1 limit=$2 start=$SECONDS rc
@@ -42,11 +42,16 @@ for step in "${STEPS[@]}"; do
     case $step in
     build)
         # Hopper only (sm_90): one architecture compiles in a fraction of the time.
-        # CC/CXX pick the host compiler (torch passes CC to nvcc as -ccbin). On 2026-11-27
+        # CC/CXX pick the host compiler (torch passes CC to nvcc as -ccbin). In session 27
         # the image's CC=/opt/gcc/bin/gcc built an extension whose error messages crashed
-        # (SIGSEGV streaming an int64 into a TORCH_CHECK message, on CPU and CUDA alike)
-        # while the same code passes built with the VM's g++; the lines below record which
-        # compilers built it and whether libstdc++'s stream code was copied into _C.
+        # (SIGSEGV streaming an int64 into a TORCH_CHECK message, on CPU and CUDA alike);
+        # in session 30 the system g++ 13.3 built one that passed every op test on both
+        # devices, so the system compilers are the default (KEEP_CC=1 keeps the image's).
+        # The lines below record which compilers built it and whether libstdc++'s stream
+        # code was copied into _C.
+        if [ -z "${KEEP_CC:-}" ] && [ -x /usr/bin/g++ ]; then
+            export CC=/usr/bin/gcc CXX=/usr/bin/g++
+        fi
         echo "CC=${CC:-unset} CXX=${CXX:-unset}; $(${CXX:-c++} --version | head -1);" \
             "system g++: $(/usr/bin/g++ --version 2>/dev/null | head -1)" | tee -a "$OUT/build.log"
         TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=16 \
@@ -58,12 +63,12 @@ print('extension:', ops.has_extension(), ops.extension_error())
 print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.log"
         ;;
     tests)
-        # The tests marked gpu, then every test of the compiled ops on both devices (the
-        # CPU kernels' error messages too: they share the build's toolchain).
-        run_step tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider -n 8 \
-            --timeout 240 tests
+        # Every test of the compiled ops on both devices first (quick; the CPU kernels'
+        # error messages too: they share the build's toolchain), then the tests marked gpu.
         run_step tests 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 --timeout 100 \
             tests/test_ops.py tests/test_sum_tree.py
+        run_step tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+            -n 8 --timeout 240 tests
         ;;
     kernels)
         run_step kernels 150 "$PY" benchmarks/kernels.py --json "$OUT/kernels.json"
@@ -84,8 +89,13 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
         run_step fps 200 "$PY" benchmarks/fps.py agent=seed env=Pong agent.device=cuda \
             --repeats "${REPEATS:-3}" --updates 30
         ;;
+    fps-seed-r2d2)  # SEED-R2D2, alternating with its R2D2 twin in each repeat
+        run_step fps 200 "$PY" benchmarks/fps.py agent=seed agent.learner=r2d2 env=Pong \
+            agent.device=cuda agent.r2d2.learning_starts=64 --repeats "${REPEATS:-3}" \
+            --warmup-updates 2 --updates 10
+        ;;
     *)
-        echo "gpu_check: unknown step $step (allowed: build tests kernels fps-impala fps-apex fps-r2d2 fps-seed)" >&2
+        echo "gpu_check: unknown step $step (allowed: build tests kernels fps-impala fps-apex fps-r2d2 fps-seed fps-seed-r2d2)" >&2
         exit 2
         ;;
     esac
