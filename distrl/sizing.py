@@ -9,8 +9,10 @@ than the learner alone, nor than the cores can pay for every frame::
 
     fps(t) = min(1 / learn_s[t],  C / (env_s + forward_s + t * learn_s[t]))
 
-(SEED's learner also runs the inference, so its own term is ``forward_s + learn_s[t]``,
-and its ``t`` stops one short of ``C``: the inference server's thread runs beside the
+(SEED's learner also runs the inference, so its own term is ``inference_s + learn_s[t]``,
+where ``inference_s`` is the forward pass on the learner's device: ``forward_s`` on the
+CPU, the GPU's own batched forward with a GPU learner, whose frames then cost the cores
+only ``env_s``. Its ``t`` stops one short of ``C``: the inference server's thread runs beside the
 learner's in the same process, and a learner whose OpenMP threads outnumber the cores left
 to them waits on each other; on 2 cores SEED-IMPALA Pong ran 1.20x faster with one learner
 thread than with the two the model without that rule chose.)
@@ -77,6 +79,14 @@ class Costs:
     forward_s: float  # an actor's forward pass on one thread, at its env group's batch
     learn_s: dict[int, float]  # learner wall seconds by torch threads (1 and the cores)
     measured: bool = True  # False: the reference costs (under torchrun)
+    # The forward pass on a GPU learner at the same batch (SEED's central inference runs
+    # there); None: the learner is on the CPU, where inference costs forward_s.
+    gpu_forward_s: float | None = None
+
+    @property
+    def inference_s(self) -> float:
+        """Learner wall seconds per frame spent on SEED's central inference."""
+        return self.forward_s if self.gpu_forward_s is None else self.gpu_forward_s
 
     def learn_at(self, threads: int) -> float:
         """Learner wall seconds per frame on ``threads`` threads: measured, or Amdahl's law
@@ -109,9 +119,11 @@ def predicted_fps(costs: Costs, cores: int, threads: int, central_inference: boo
     """Frames/s the cost model allows with the learner on ``threads`` threads (the
     module docstring's ``fps(t)``)."""
     learn = costs.learn_at(threads)
-    learner_wall = learn + (costs.forward_s if central_inference else 0.0)
+    learner_wall = learn + (costs.inference_s if central_inference else 0.0)
     learner_cpu = 0.0 if gpu_learner else threads * learn
-    cpu_per_frame = costs.env_s + costs.forward_s + learner_cpu
+    # SEED with a GPU learner: the forward passes run on the GPU, not the cores.
+    forward_cpu = 0.0 if central_inference and gpu_learner else costs.forward_s
+    cpu_per_frame = costs.env_s + forward_cpu + learner_cpu
     return min(1.0 / learner_wall, cores / cpu_per_frame)
 
 
@@ -169,7 +181,11 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
     kind = "env workers" if central_inference else "actors"
     reasons = (
         f"cost per env frame: env {costs.env_s * 1e6:.0f} us, forward "
-        f"{costs.forward_s * 1e6:.0f} us{' (run by the learner)' * central_inference}, "
+        f"{costs.forward_s * 1e6:.0f} us"
+        + (f" ({costs.inference_s * 1e6:.0f} us on the learner's GPU, which runs it)"
+           if central_inference and costs.gpu_forward_s is not None
+           else " (run by the learner)" * central_inference)
+        + ", "
         "learner "
         + ", ".join(f"{costs.learn_at(t) * 1e6:.0f} us on {t} thread{'s' * (t > 1)}"
                     for t in sorted({1, threads, max(candidates)}))
@@ -242,6 +258,11 @@ def measure_costs(env_cfg: EnvConfig, make_model: Callable[[tuple[int, ...], int
         batch = torch.randint(0, 256, (learner_batch, *obs_shape), dtype=torch.uint8,
                               device=device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        gpu_forward = None
+        if device.type == "cuda":  # what SEED's inference costs there, one group's batch
+            obs_gpu = obs.to(device)
+            with torch.inference_mode():
+                gpu_forward = _time(lambda: learner_torso(obs_gpu), seconds, sync)
 
         def train_step() -> None:
             learner_torso(batch).square().mean().backward()
@@ -254,8 +275,9 @@ def measure_costs(env_cfg: EnvConfig, make_model: Callable[[tuple[int, ...], int
                               * learner_passes / frames_per_step)
     finally:
         torch.set_num_threads(threads_before)
-    return Costs(env_s=env_wall / (per_group * frames_per_step),
-                 forward_s=forward / (per_group * frames_per_step), learn_s=learn)
+    per_frame = per_group * frames_per_step
+    return Costs(env_s=env_wall / per_frame, forward_s=forward / per_frame, learn_s=learn,
+                 gpu_forward_s=None if gpu_forward is None else gpu_forward / per_frame)
 
 
 def reference_costs() -> Costs:

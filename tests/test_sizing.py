@@ -85,6 +85,28 @@ def test_seed_env_workers_pay_only_for_the_env() -> None:
     assert "env workers need 1.84 of 8 cores" in top.reasons[2]
 
 
+def test_seed_on_a_gpu_sizes_by_the_gpus_forward_pass() -> None:
+    # The H200 check's SEED-R2D2 Pong costs: env 144, CPU forward 61 (Nature CNN, one
+    # thread), GPU learner 3 us; 16 cores. Sized by the CPU forward, the server's bound is
+    # 1/(61+3)us = 15,625 frames/s and 15,625 x 144us = 2.25 cores of env workers: 3
+    # workers, which kept 2.9 of 16 cores busy there. The forward runs on the GPU: at 10 us
+    # a frame the bound is min(1/13us = 76,923, 16/144us = 111,111) (the cores pay only
+    # for the envs) and the workers need 76,923 x 144us = 11.08 cores: 12.
+    cpu_sized = sizing.choose_topology(costs(144, 61, {1: 3}), cores=16, batch_size=None,
+                                       central_inference=True, gpu_learner=True)
+    assert cpu_sized.actors == 3
+    gpu = dataclasses.replace(costs(144, 61, {1: 3}), gpu_forward_s=10 * US)
+    top = sizing.choose_topology(gpu, cores=16, batch_size=None, central_inference=True,
+                                 gpu_learner=True)
+    assert top.predicted_fps == pytest.approx(1 / (13 * US))
+    assert top.actors == 12
+    assert "forward 61 us (10 us on the learner's GPU, which runs it)" in top.reasons[0]
+    # Actors with their own policy copies still pay the CPU forward themselves.
+    impala = sizing.choose_topology(gpu, cores=16, batch_size=32, central_inference=False,
+                                    gpu_learner=True)
+    assert impala.predicted_fps == pytest.approx(16 / (205 * US))
+
+
 def test_seed_leaves_the_inference_server_a_core_of_its_own() -> None:
     # SEED on 2 cores with costs measured on Pong (env 75, forward 17, learner 79 us on one
     # thread and 40 on two): without the rule two threads would rank first (min(1/57us,
@@ -154,6 +176,25 @@ def test_measured_costs_are_per_frame_and_the_learner_costs_more_than_a_forward(
     # a forward and backward costs more than a forward alone, per frame
     assert measured.learn_s[1] > measured.forward_s > 0
     assert list(measured.learn_s) == [1]
+    # a CPU learner runs SEED's inference at the actors' cost: nothing timed on a GPU
+    assert measured.gpu_forward_s is None
+    assert measured.inference_s == measured.forward_s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_learner_times_seed_inference_on_the_gpu() -> None:
+    def make_model(obs_shape, num_actions):
+        model = torch.nn.Module()
+        model.torso = ShallowCNN(obs_shape[0], obs_shape[1])
+        return model
+
+    measured = sizing.measure_costs(EnvConfig(id="Pong"), make_model, per_group=8,
+                                    learner_batch=64, learner_passes=1.0, max_threads=1,
+                                    device=torch.device("cuda"), seconds=0.05)
+    # per frame (a per-call figure of 8 envs x 4 frames would be 32x), and the one used
+    assert 0 < measured.gpu_forward_s < 1000 * US
+    assert measured.inference_s == measured.gpu_forward_s
 
 
 def settings_with(dist: DistributedConfig, env_id: str = "CartPole-v1") -> RunSettings:
