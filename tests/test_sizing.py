@@ -157,18 +157,24 @@ def test_learner_passes_per_env_step() -> None:
     assert sizing.learner_passes(0.0, 1, 1, 2) == pytest.approx(1 + 2 / 3)  # uncapped
 
 
-def test_measured_costs_are_per_frame_and_the_learner_costs_more_than_a_forward() -> None:
-    calls = []
+def measure_pong(device: str, calls: list | None = None) -> sizing.Costs:
+    """Pong's costs with IMPALA's shallow torso, 8 envs a group, timed briefly."""
 
     def make_model(obs_shape, num_actions):
-        calls.append((obs_shape, num_actions))
+        if calls is not None:
+            calls.append((obs_shape, num_actions))
         model = torch.nn.Module()
         model.torso = ShallowCNN(obs_shape[0], obs_shape[1])
         return model
 
-    measured = sizing.measure_costs(EnvConfig(id="Pong"), make_model, per_group=8,
-                                    learner_batch=64, learner_passes=1.0, max_threads=1,
-                                    device=torch.device("cpu"), seconds=0.05)
+    return sizing.measure_costs(EnvConfig(id="Pong"), make_model, per_group=8,
+                                learner_batch=64, learner_passes=1.0, max_threads=1,
+                                device=torch.device(device), seconds=0.05)
+
+
+def test_measured_costs_are_per_frame_and_the_learner_costs_more_than_a_forward() -> None:
+    calls: list = []
+    measured = measure_pong("cpu", calls)
     assert calls[0] == ((4, 84, 84), 6)
     # ale-py steps a Pong frame in tens of microseconds, not milliseconds (a figure per
     # agent step, 4 frames, would be 4x; per batch, 8x more)
@@ -184,14 +190,7 @@ def test_measured_costs_are_per_frame_and_the_learner_costs_more_than_a_forward(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_gpu_learner_times_seed_inference_on_the_gpu() -> None:
-    def make_model(obs_shape, num_actions):
-        model = torch.nn.Module()
-        model.torso = ShallowCNN(obs_shape[0], obs_shape[1])
-        return model
-
-    measured = sizing.measure_costs(EnvConfig(id="Pong"), make_model, per_group=8,
-                                    learner_batch=64, learner_passes=1.0, max_threads=1,
-                                    device=torch.device("cuda"), seconds=0.05)
+    measured = measure_pong("cuda")
     # per frame (a per-call figure of 8 envs x 4 frames would be 32x), and the one used
     assert 0 < measured.gpu_forward_s < 1000 * US
     assert measured.inference_s == measured.gpu_forward_s
