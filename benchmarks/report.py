@@ -51,6 +51,7 @@ from suite_stats import (  # noqa: E402
     aggregate_iqm,
     bootstrap_ci,
     difference_ci,
+    identical_agent_rates,
     iqm_rows,
     mean_rows,
 )
@@ -234,6 +235,7 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
     between the two means (which also counts the SEED agent's own seed spread)."""
     games = list(dict.fromkeys(game for _, game in cells))
     rows = []
+    seed_counts: set[tuple[int, int]] = set()  # (SEED's, the learner's) finished seeds
     for seed_agent, learner in SEED_LEARNERS.items():
         for game in games:
             mine, theirs = cells.get((seed_agent, game)), cells.get((learner, game))
@@ -249,6 +251,7 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
             if len(mine.done) >= 2 and len(theirs.done) >= 2:
                 low, high = difference_ci(mine.finals, theirs.finals, reps, seed)
                 gap_text = f"{mine.mean - theirs.mean:+.1f} {fmt_ci(low, high)}"
+                seed_counts.add((len(mine.done), len(theirs.done)))
             mine_text = "—" if mine.mean is None else (
                 f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({seeds_text(len(mine.done))})")
             theirs_text = "—" if theirs.mean is None else (
@@ -268,7 +271,23 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
         "| SEED − learner [95% CI] | inside the learner's CI |",
         "|---|---|---|---|---|---|---|",
         *rows,
+        *([""] if seed_counts else []),
+        *(identical_agent_note(n_new, n_base, seed) for n_new, n_base in sorted(seed_counts)),
     ]) + "\n"
+
+
+IDENTICAL_AGENT_SIMS = 2000  # simulated pairs of suites behind identical_agent_note
+
+
+def identical_agent_note(n_new: int, n_base: int, seed: int) -> str:
+    """What the two SEED tests say of an agent identical to its learner, at these seed
+    counts (:func:`suite_stats.identical_agent_rates`): how much either verdict weighs."""
+    inside, excludes = identical_agent_rates(n_new, n_base, IDENTICAL_AGENT_SIMS, 1000, seed)
+    return (f"With {seeds_text(n_new)} against {n_base}, an agent identical to its learner "
+            f"lies inside the learner's CI in {100 * inside:.0f}% of "
+            f"{IDENTICAL_AGENT_SIMS:,} simulated pairs of suites (normal scores), and the "
+            f"gap's CI excludes 0 in {100 * excludes:.0f}% (5% is the nominal rate): on so "
+            "few seeds either verdict is a rough guide.")
 
 
 def duration(seconds: float) -> str:

@@ -4,6 +4,7 @@ run directories made with distrl's MetricLogger or by tests/fake_run.py, no trai
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -271,6 +272,40 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
     low, high = (float(x) for x in seaquest[-2].split("[")[1].rstrip("]").split(","))
     assert seaquest[-2].startswith("+26.0 ") and 24.0 <= low < 26.0 < high <= 28.0
     assert text in report.markdown(suite_, 500, 0, "t")
+    # how much the verdicts weigh at these seed counts: Breakout 2 against 3, Seaquest 3
+    # against 3, one line each
+    notes = [line for line in text.splitlines() if "an agent identical to its learner" in line]
+    assert [note.split(",")[0] for note in notes] == ["With 2 seeds against 3",
+                                                      "With 3 seeds against 3"]
+
+
+def test_identical_agent_rates_match_a_direct_count():
+    # 3 seeds each. With 1000 resamples the base agent's 95% interval is the range of its 3
+    # seeds (each extreme's all-alike resample has probability 1/27 > 2.5%), so the inside
+    # rate is how often a mean of 3 new draws lies in the range of 3 others, counted here
+    # without any bootstrap. The gap's interval: each agent's 27 resampled means are
+    # equally likely, so all 729 gaps are enumerated and their percentiles taken.
+    inside, excludes = suite_stats.identical_agent_rates(3, 3, 4000, 1000, 0)
+    rng = np.random.default_rng(7)
+    base, new = rng.standard_normal((100_000, 3)), rng.standard_normal((100_000, 3))
+    direct_inside = ((base.min(1) <= new.mean(1)) & (new.mean(1) <= base.max(1))).mean()
+    assert inside == pytest.approx(direct_inside, abs=0.03)
+    assert 0.55 < inside < 0.70  # well under the 83% of a known-variance interval
+    picks = np.array(list(itertools.product(range(3), repeat=3)))  # the 27 resamples
+    base, new = base[:20_000], new[:20_000]
+    gaps = (new[:, picks].mean(-1)[:, :, None] - base[:, picks].mean(-1)[:, None, :])
+    low, high = np.percentile(gaps.reshape(len(gaps), -1), [2.5, 97.5], axis=1)
+    direct_excludes = ((low > 0) | (high < 0)).mean()
+    assert excludes == pytest.approx(direct_excludes, abs=0.03)
+    assert 0.12 < excludes < 0.30  # far above the nominal 5%
+
+
+def test_identical_agent_rates_near_their_nominal_values_with_many_seeds():
+    # 20 seeds each: the bootstrap covers almost as a z-interval does. Known variance
+    # gives P(|Z| < 1.96 / sqrt 2) = 0.834 inside and 5% excluding 0.
+    inside, excludes = suite_stats.identical_agent_rates(20, 20, 2000, 1000, 0)
+    assert 0.76 < inside < 0.86
+    assert 0.03 < excludes < 0.10
 
 
 def grid_of(agents: list[str], games: list[str], seeds: list[int]) -> argparse.Namespace:
