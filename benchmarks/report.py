@@ -332,10 +332,11 @@ def throughput_table(suite: Suite) -> str:
                      f"{duration(spent)} |")
     runs = suite.runs.values()
     clock = busy_seconds([sp for r in runs for sp in r.spans]) + sum(r.unplaced_s for r in runs)
+    so_far = "" if all(r.status == "finished" for r in runs) else " so far"
     if round(clock) >= round(total):
-        summary = f"Wall time of the suite so far: {duration(total)}, one run at a time."
+        summary = f"Wall time of the suite{so_far}: {duration(total)}, one run at a time."
     else:
-        summary = (f"Wall time of the suite so far: {duration(clock)} of clock time in which "
+        summary = (f"Wall time of the suite{so_far}: {duration(clock)} of clock time in which "
                    f"at least one run was going (an hour of two runs side by side counts "
                    f"once); its runs took {duration(total)} between them.")
     lines += ["", summary]

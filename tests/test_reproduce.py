@@ -206,8 +206,9 @@ def test_runs_side_by_side_count_once_in_the_suites_wall_time(tmp_path):
     summary(2, None, 900.0, started="2026-11-26T12:00:00", wall_s=300.0)  # + 600 s unplaced
     table = report.throughput_table(report.collect(tmp_path))
     assert "| apex | 3 | 1, 2 | 1,000 | 1,000-1,000 | 30m00s | 1h15m |" in table
-    # 9:50-10:40 (50 min) + 12:00-12:05 + 10 min of an attempt that ran at an unknown time
-    assert ("Wall time of the suite so far: 1h05m of clock time in which at least one run "
+    # 9:50-10:40 (50 min) + 12:00-12:05 + 10 min of an attempt that ran at an unknown time;
+    # every planned run finished, so the suite's wall time is no longer "so far"
+    assert ("Wall time of the suite: 1h05m of clock time in which at least one run "
             "was going (an hour of two runs side by side counts once); its runs took 1h15m "
             "between them.") in table
 
