@@ -30,7 +30,7 @@ from distrl.config import (
     check_unit_interval,
 )
 from distrl.exploration import epsilon_greedy, epsilon_ladder
-from distrl.models import RecurrentDuelingQNet
+from distrl.models import RecurrentDuelingQNet, flatten_rnn_weights
 from distrl.replay.formats import SequenceFormat
 from distrl.side_thread import SideThread
 from distrl.types import SequenceSample
@@ -225,7 +225,7 @@ class R2D2Loss:
                  trace_length: int, n_step: int, discount: float, rescale_epsilon: float,
                  priority_eta: float, stored_state: bool = True,
                  staleness_interval: int = 100, target_in_thread: bool = True) -> None:
-        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.target = flatten_rnn_weights(copy.deepcopy(model)).requires_grad_(False)
         self.target_update_interval = target_update_interval
         self.burn_in, self.trace_length, self.n_step = burn_in, trace_length, n_step
         self.discount, self.rescale_epsilon = discount, rescale_epsilon

@@ -89,6 +89,16 @@ class LSTMCore(nn.Module):
         return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), (h, c)
 
 
+def flatten_rnn_weights(model: nn.Module) -> nn.Module:
+    """``model`` with each LSTM's weights put back into one contiguous cuDNN buffer. A
+    ``copy.deepcopy`` of a CUDA LSTM holds them in separate tensors, which cuDNN then
+    compacts on every call, with a warning each time; on the CPU this does nothing."""
+    for module in model.modules():
+        if isinstance(module, nn.RNNBase):
+            module.flatten_parameters()
+    return model
+
+
 class PolicyValueHead(nn.Module):
     """Linear policy logits and a linear state value over shared features.
 

@@ -4,6 +4,7 @@ with the sequence replay, and learning CartPole without velocities (slow)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import multiprocessing
@@ -149,6 +150,24 @@ def test_staleness_is_zero_for_the_burned_in_state_and_grows_with_the_gap():
     far = loss.staleness(model, dataclasses.replace(batch, start_state=batch.stored_state + 3),
                          q)
     assert far["r2d2/q_staleness_first"] > 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_target_networks_lstm_weights_share_one_cudnn_buffer():
+    # A deepcopy of a CUDA LSTM keeps its 4 weights in 4 tensors, and cuDNN compacts them
+    # on every call (the "not part of single contiguous chunk of memory" warning seen in
+    # the H200 check's R2D2 runs); the target network is flattened after its copy.
+    model = small_model().cuda()
+
+    def storages(net: torch.nn.Module) -> int:
+        lstm = next(m for m in net.modules() if isinstance(m, torch.nn.LSTM))
+        return len({w.untyped_storage().data_ptr() for w in lstm._flat_weights})
+
+    assert storages(copy.deepcopy(model)) > 1
+    loss = R2D2Loss(model, target_update_interval=10, burn_in=0, trace_length=5, n_step=2,
+                    discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
+    assert storages(loss.target) == 1
 
 
 def test_loss_priorities_are_the_eta_mix_of_the_masked_td_errors():
