@@ -179,14 +179,14 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
     per_group = envs_per_group(batch_size)
     groups = 2
     kind = "env workers" if central_inference else "actors"
+    forward_where = ""
+    if central_inference:
+        forward_where = (" (run by the learner)" if costs.gpu_forward_s is None else
+                         f" ({costs.inference_s * 1e6:.0f} us on the learner's GPU, "
+                         "which runs it)")
     reasons = (
         f"cost per env frame: env {costs.env_s * 1e6:.0f} us, forward "
-        f"{costs.forward_s * 1e6:.0f} us"
-        + (f" ({costs.inference_s * 1e6:.0f} us on the learner's GPU, which runs it)"
-           if central_inference and costs.gpu_forward_s is not None
-           else " (run by the learner)" * central_inference)
-        + ", "
-        "learner "
+        f"{costs.forward_s * 1e6:.0f} us{forward_where}, learner "
         + ", ".join(f"{costs.learn_at(t) * 1e6:.0f} us on {t} thread{'s' * (t > 1)}"
                     for t in sorted({1, threads, max(candidates)}))
         + ("" if costs.measured else " (reference costs: not measured under torchrun)"),
