@@ -5,9 +5,9 @@
 #
 #     OUT=gpu-check bash benchmarks/gpu_check.sh [STEP ...]
 #
-# Steps: build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed, fps-seed-r2d2; with none
-# named it runs them all, in that order; a failed build stops it. Each step
-# has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
+# Steps (ALL_STEPS below): build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed,
+# fps-seed-r2d2; with none named it runs them all, in that order; a failed build stops it.
+# Each step has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
 # so one hung step cannot eat the others. Wheels in .whl/ (packages the GPU machine
 # lacks: gymnasium, ale-py, hydra-core, ...) are installed first when that folder exists.
 set -u
@@ -15,8 +15,9 @@ OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
+ALL_STEPS=(build tests kernels fps-impala fps-apex fps-r2d2 fps-seed fps-seed-r2d2)
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(build tests kernels fps-impala fps-apex fps-r2d2 fps-seed fps-seed-r2d2)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL_STEPS[@]}")
 
 run_step() {  # run_step NAME SECONDS COMMAND...: output to $OUT/NAME.log, tail printed
     local name=$1 limit=$2 start=$SECONDS rc
@@ -95,7 +96,7 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
             --warmup-updates 2 --updates 10
         ;;
     *)
-        echo "gpu_check: unknown step $step (allowed: build tests kernels fps-impala fps-apex fps-r2d2 fps-seed fps-seed-r2d2)" >&2
+        echo "gpu_check: unknown step $step (allowed: ${ALL_STEPS[*]})" >&2
         exit 2
         ;;
     esac
