@@ -9,6 +9,9 @@ import numpy as np
 import scipy.stats
 from suite import CONFIDENCE
 
+# The percentile interval's bounds, in percent: 2.5 and 97.5 for a 95% interval.
+PERCENTILES = (100 * (1 - CONFIDENCE) / 2, 100 - 100 * (1 - CONFIDENCE) / 2)
+
 try:  # the IQM as rliable defines it (25% trimmed mean over all runs and tasks)
     from rliable.metrics import aggregate_iqm
 except Exception:  # noqa: BLE001 - any import failure: the same formula with scipy
@@ -49,8 +52,7 @@ def bootstrap_ci(per_task: list[np.ndarray], statistic: Callable[[np.ndarray], n
     rng = np.random.default_rng(seed)
     samples = np.concatenate(
         [v[rng.integers(0, len(v), size=(reps, len(v)))] for v in per_task], axis=1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(statistic(samples), [tail, 100 - tail])
+    low, high = np.percentile(statistic(samples), PERCENTILES)
     return float(low), float(high), "numpy"
 
 
@@ -71,8 +73,7 @@ def difference_ci(a: np.ndarray, b: np.ndarray, reps: int, seed: int) -> tuple[f
     rng = np.random.default_rng(seed)
     means_a = a[rng.integers(0, len(a), size=(reps, len(a)))].mean(axis=1)
     means_b = b[rng.integers(0, len(b), size=(reps, len(b)))].mean(axis=1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(means_a - means_b, [tail, 100 - tail])
+    low, high = np.percentile(means_a - means_b, PERCENTILES)
     return float(low), float(high)
 
 
@@ -94,10 +95,9 @@ def identical_agent_rates(n_new: int, n_base: int, sims: int, reps: int,
     new = rng.standard_normal((sims, n_new))
     base_means = base[rows, rng.integers(0, n_base, size=(sims, reps, n_base))].mean(-1)
     new_means = new[rows, rng.integers(0, n_new, size=(sims, reps, n_new))].mean(-1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(base_means, [tail, 100 - tail], axis=1)
+    low, high = np.percentile(base_means, PERCENTILES, axis=1)
     mean_new = new.mean(axis=1)
     inside = float(((low <= mean_new) & (mean_new <= high)).mean())
-    gap_low, gap_high = np.percentile(new_means - base_means, [tail, 100 - tail], axis=1)
+    gap_low, gap_high = np.percentile(new_means - base_means, PERCENTILES, axis=1)
     excludes = float(((gap_low > 0) | (gap_high < 0)).mean())
     return inside, excludes
