@@ -12,8 +12,9 @@ from fps import twin_overrides  # noqa: E402
 
 
 def test_seed_twin_keeps_the_learner_device_and_settings() -> None:
-    # The first GPU check timed SEED-IMPALA's twin on the CPU: agent.device was dropped
-    # with SEED's other own settings, so the ratio compared a GPU learner with a CPU one.
+    # agent.device used to be dropped with SEED's other own settings, so on a GPU machine
+    # the twin's learner trained on the CPU and the ratio compared a GPU learner with a
+    # CPU one (caught before the H200 check's SEED figures were taken).
     seed = ["agent=seed", "agent.learner=r2d2", "env=Pong", "agent.device=cuda",
             "agent.r2d2.learning_starts=64", "agent.inference_batch=32"]
     assert twin_overrides(seed, "r2d2") == [
