@@ -83,8 +83,9 @@ class ActorStats:
     env_wait_s: float = 0.0
     policy_s: float = 0.0
     sink_wait_s: float = 0.0
-    # handing steps to the sinks (slot copies, n-step writing, a replay actor's initial
-    # priorities) and pulling weights; waits for a free slot are in sink_wait_s
+    # handing steps to the sinks (slot copies, n-step writing) and pulling weights; waits
+    # for a free slot are in sink_wait_s, a replay actor's initial-priority forward in
+    # policy_s (it is network time, not copying)
     copy_s: float = 0.0
     policy_version: int = 0
 
@@ -93,6 +94,11 @@ class ActorStats:
         self.frames += other.frames
         self.episode_returns += other.episode_returns
         self.episode_lengths += other.episode_lengths
+
+    def counted_elsewhere_s(self) -> float:
+        """Seconds counted as waiting for a slot or as network forwards: a block timed as
+        copying subtracts what this grew by while it ran."""
+        return self.sink_wait_s + self.policy_s
 
     def drain(self) -> ActorStats:
         """Return the counters so far and start new ones."""
@@ -117,6 +123,17 @@ def acquire_slot(pool: SlotPool, should_stop: Callable[[], bool], stats: ActorSt
             stats.sink_wait_s += 0.5
             if should_stop():
                 raise ActorStopped from None
+
+
+@contextlib.contextmanager
+def timed_forward(stats: ActorStats) -> Iterator[None]:
+    """Count the block's time in ``stats.policy_s`` (the console's "forward"): for network
+    forwards that run inside a sink, such as a replay actor's initial priorities."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats.policy_s += time.perf_counter() - start
 
 
 def count_step(stats: ActorStats, env_step: EnvStep, frames_per_step: int) -> None:
@@ -342,10 +359,12 @@ class Actor:
     @contextlib.contextmanager
     def _copying(self) -> Iterator[None]:
         """Count the block's time in ``stats.copy_s``, less what it waited for a free slot
-        (already in ``stats.sink_wait_s``)."""
-        start, waited = time.perf_counter(), self.stats.sink_wait_s
+        or spent in a sink's network forward (already in ``stats.sink_wait_s`` and
+        ``stats.policy_s``)."""
+        start, elsewhere = time.perf_counter(), self.stats.counted_elsewhere_s()
         yield
-        self.stats.copy_s += time.perf_counter() - start - (self.stats.sink_wait_s - waited)
+        self.stats.copy_s += (time.perf_counter() - start
+                              - (self.stats.counted_elsewhere_s() - elsewhere))
 
     def close(self) -> None:
         for group in self.groups:

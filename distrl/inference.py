@@ -167,7 +167,7 @@ class InferenceServer:
             started = time.perf_counter()
             first, env_step = self.channels.take(channel)  # serial mode: the envs step here
             self.stats.env_wait_s += time.perf_counter() - started
-            started, waited = time.perf_counter(), self.stats.sink_wait_s
+            started, elsewhere = time.perf_counter(), self.stats.counted_elsewhere_s()
             group = self.groups[channel]
             obs = torch.from_numpy(env_step.observations)
             if first:
@@ -185,7 +185,7 @@ class InferenceServer:
                     count_step(self.stats, env_step, self.frames_per_step)
             observations.append(obs)
             served.append(channel)
-            self._copied(started, waited)
+            self._copied(started, elsewhere)
         if not served:
             return 0
         batch = served
@@ -207,7 +207,7 @@ class InferenceServer:
         extras = {k: v.cpu().split(sizes) for k, v in output.extras.items()}
         states = [s.cpu().split(sizes) for s in output.core_state]
         self.stats.policy_s += time.perf_counter() - started
-        started, waited = time.perf_counter(), self.stats.sink_wait_s
+        started, elsewhere = time.perf_counter(), self.stats.counted_elsewhere_s()
         self.stats.policy_version = version
         now = time.monotonic()
         for k, (channel, group) in enumerate(zip(batch, groups, strict=True)):
@@ -216,18 +216,19 @@ class InferenceServer:
             group.acted(own, version)
             self.channels.answer(channel, actions[k])
             self.answered_at[channel] = now
-        self._copied(started, waited)
+        self._copied(started, elsewhere)
         with self.stats_lock:
             self.inference.batch_sizes.append(sum(sizes))
             self.inference.latency_s.append(time.perf_counter() - first_at)
         return sum(sizes)
 
-    def _copied(self, started: float, sink_wait_before: float) -> None:
+    def _copied(self, started: float, elsewhere_before: float) -> None:
         """Count the time since ``started`` as copying (into unroll slots, sequence
-        writers, answers), less what the sinks waited for a free slot meanwhile."""
+        writers, answers), less what the sinks waited for a free slot or spent in a network
+        forward (initial priorities) meanwhile."""
         # max: the learner thread may have drained (zeroed) the counters meanwhile
-        waited = max(self.stats.sink_wait_s - sink_wait_before, 0.0)
-        self.stats.copy_s += time.perf_counter() - started - waited
+        elsewhere = max(self.stats.counted_elsewhere_s() - elsewhere_before, 0.0)
+        self.stats.copy_s += time.perf_counter() - started - elsewhere
 
     def drain(self) -> tuple[ActorStats, InferenceStats]:
         """The step counters and the inference figures since the last call."""

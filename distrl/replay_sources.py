@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from distrl import distributed, memory
-from distrl.actor import Actor, ActorStats, EnvGroup, TransitionSink, acquire_slot
+from distrl.actor import Actor, ActorStats, EnvGroup, TransitionSink, acquire_slot, timed_forward
 from distrl.actor_processes import ActorProcesses, restart_seed, supervised_actors
 from distrl.agent_parts import ReplayAgentParts, ReplayBatch
 from distrl.envs import env_seed, is_atari, make_envs
@@ -134,7 +134,9 @@ def build_replay_actor(
     experience = parts.experience
 
     def prioritise_and_emit(writer: Any, batch: ReplayBatch) -> None:
-        priorities = parts.initial_priorities(model, experience.as_sample(writer, batch))
+        sample = experience.as_sample(writer, batch)
+        with timed_forward(stats):
+            priorities = parts.initial_priorities(model, sample)
         emit(batch, priorities.float())
 
     groups = []

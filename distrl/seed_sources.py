@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from distrl.actor import ActorStats, ActorStopped, EnvGroup, Sink, TransitionSink, UnrollSink
+from distrl.actor import (
+    ActorStats,
+    ActorStopped,
+    EnvGroup,
+    Sink,
+    TransitionSink,
+    UnrollSink,
+    timed_forward,
+)
 from distrl.agent_parts import ReplayBatch
 from distrl.config import DistributedConfig, EnvConfig
 from distrl.env_workers import Channels, EnvWorkers, LocalChannels
@@ -240,7 +248,7 @@ class SeedReplaySource(_ServerSource):
         """Runs in the server: initial priorities with the inference model, then to the
         learner (directly in serial mode, else through a bounded queue)."""
         sample = to_device(self.ctx.parts.experience.as_sample(writer, batch), self.device)
-        with self.weights.lock:
+        with self.weights.lock, timed_forward(self.stats):
             priorities = self.ctx.parts.initial_priorities(self.inference_model, sample).float()
         if self.serial:
             self.ctx.insert(batch, priorities.cpu())

@@ -1,0 +1,75 @@
+"""Where an actor's seconds go on the console (env / forward / copy): a replay actor's
+initial-priority forward is network time, counted as forward, not as copying."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from presets import compose_preset
+
+from agents import apex, r2d2, seed
+from distrl.actor import ActorStats
+from distrl.replay_sources import ReplayTopology, build_replay_actor
+from distrl.run_settings import RunSettings
+from distrl.seed_sources import SeedReplaySource
+from distrl.weights import WeightStore
+
+PRIORITY_SLEEP_S = 0.15  # far above what writing a CartPole batch costs, even on a busy machine
+
+
+def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tmp_path):
+    cfg = compose_preset(tmp_path, "apex_cartpole", "split", "distributed.actors=0")
+    settings = RunSettings.from_config(cfg, apex.TERMINAL_ON_LIFE_LOSS)
+    parts = apex.parts(cfg.agent)
+    calls = []
+
+    def slow_priorities(model, batch):
+        time.sleep(PRIORITY_SLEEP_S)
+        calls.append(batch)
+        return apex.initial_priorities(model, batch)
+
+    parts = dataclasses.replace(parts, initial_priorities=slow_priorities)
+    envs = settings.distributed.envs_per_actor
+    topology = ReplayTopology((4,), 2, None, parts.exploration(envs))
+    model = parts.make_model(topology.obs_shape, topology.num_actions)
+    emitted = []
+    stats = ActorStats()
+    actor = build_replay_actor(parts, settings, topology, model, WeightStore(model),
+                               lambda batch, priorities: emitted.append(priorities), 0, stats)
+    try:
+        while len(emitted) < 3:
+            actor.step()
+    finally:
+        actor.close()
+    slept = len(calls) * PRIORITY_SLEEP_S
+    assert len(calls) == len(emitted) == 3
+    assert stats.policy_s >= slept
+    # Before the fix the sleeps were inside the copy block and counted there.
+    assert stats.copy_s < slept / 2, (stats.copy_s, slept)
+
+
+def test_seed_server_counts_the_initial_priority_forward_as_forward_not_copy(tmp_path,
+                                                                             monkeypatch):
+    """SEED-R2D2's server computes the priorities of new sequences itself: its counters
+    put that time under forward, not under copying."""
+    calls, drained = [], []
+    unpatched_priorities, unpatched_drain = r2d2.initial_priorities, SeedReplaySource.drain
+
+    def slow_priorities(*args, **kwargs):
+        time.sleep(PRIORITY_SLEEP_S)
+        calls.append(1)
+        return unpatched_priorities(*args, **kwargs)
+
+    def counted_drain(source):
+        out = unpatched_drain(source)
+        drained.append((len(calls), out[0][1]))
+        return out
+
+    monkeypatch.setattr(r2d2, "initial_priorities", slow_priorities)
+    monkeypatch.setattr(SeedReplaySource, "drain", counted_drain)
+    seed.run(compose_preset(tmp_path, "seed_r2d2_cartpole", "seed", "total_frames=3000"))
+    slept = drained[-1][0] * PRIORITY_SLEEP_S  # the sleeps before the last drain
+    assert drained[-1][0] >= 5
+    assert sum(stats.policy_s for _, stats in drained) >= slept
+    assert sum(stats.copy_s for _, stats in drained) < slept / 2
