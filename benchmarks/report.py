@@ -1,6 +1,7 @@
 """Tables and learning curves of a MinAtar suite, from its run directories alone.
 
     python benchmarks/report.py results/minatar [--readme-table README.md] [--png curves.png]
+        [--supplement DIR]
 
 Per game and agent: the final return (mean training return over each run's last 100
 episodes, as the MinAtar paper plots) averaged over the finished seeds, its 95% stratified
@@ -13,6 +14,10 @@ their learner (IMPALA, R2D2) on each game they ran. Per agent: the frames/s of w
 of its finished runs and the wall time they took, and the wall time of the whole suite.
 The PNG has one panel per game, one line per agent (mean over seeds of the 100-episode
 trailing mean, 95% CI band) against env frames, and the baselines marked at 5M frames.
+
+``--supplement DIR``: more seeds of the same presets, run apart (with their own grid); the
+cells they ran get a table over both seed sets and the SEED comparison on it, under the
+suite's tables, which keep the suite's planned seeds.
 
 Runs are the ``<agent>-<game>-s<seed>`` directories ``benchmarks/reproduce.py`` writes;
 its ``grid.json`` names the runs asked for, each agent on its own games (without it, every agent
@@ -45,6 +50,7 @@ from suite_runs import (  # noqa: E402
     collect,
     frames,
     most_at_once,
+    pooled,
 )
 from suite_stats import (  # noqa: E402
     RLIABLE_ERROR,
@@ -181,7 +187,10 @@ def iqm_row(agg: Aggregate, games: int) -> str:
             f"{agg.games}/{games} | {'; '.join(agg.notes) or '—'} |")
 
 
-def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
+def markdown(suite: Suite, reps: int, seed: int, title: str,
+             supplements: tuple[tuple[str, Suite], ...] = ()) -> str:
+    """The suite's tables; each of ``supplements`` (name, more seeds run apart) adds
+    :func:`supplement_section` under them."""
     methods: set[str] = set()
     cells = suite_cells(suite, reps, seed, methods)
     rows = [cell_row(cell) for cell in cells.values()]
@@ -213,8 +222,36 @@ def markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
     comparison = seed_comparison(cells, reps, seed)
     if comparison:
         lines += ["", comparison.rstrip("\n")]
+    for name, extra in supplements:
+        lines += ["", supplement_section(suite, extra, name, reps, seed, methods).rstrip("\n")]
     lines += ["", ci_note(methods, reps), "", throughput_table(suite)]
     return "\n".join(lines)
+
+
+def supplement_section(suite: Suite, extra: Suite, name: str, reps: int, seed: int,
+                       methods: set[str]) -> str:
+    """The cells that ``extra`` ran (more seeds of the same presets, after the suite), over
+    the suite's seeds and its together, and the SEED comparison on them. The tables
+    above keep the suite's planned seeds; this one says what the added seeds change."""
+    both = pooled(suite, extra)
+    cells = suite_cells(both, reps, seed, methods)
+    lines = [
+        f"#### With the supplementary seeds of `{name}`",
+        "",
+        f"Seeds {', '.join(str(s) for s in extra.seeds)} of the same presets, run after the "
+        "suite and kept apart, pooled with the suite's seeds on the cells they ran; the "
+        "tables above stay on the suite's planned seeds.",
+        "",
+        "| game | agent | seeds | final return | 95% CI | reference | reached | frames "
+        "| eval return | per seed |",
+        "|---|---|---:|---:|---|---|---|---|---|---|",
+        *(cell_row(c) for c in cells.values()),
+    ]
+    comparison = seed_comparison(cells, reps, seed)
+    if comparison:
+        lines += ["", comparison.rstrip("\n")]
+    return "\n".join(lines) + "\n"
+
 
 
 SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its learner's agent
@@ -371,6 +408,15 @@ def write_readme_table(path: Path, table: str) -> None:
     path.write_text(text)
 
 
+def _collect_or_exit(path: Path) -> Suite:
+    if not path.is_dir():
+        raise SystemExit(f"report: no directory '{path}'")
+    suite = collect(path)
+    if not suite.agents:
+        raise SystemExit(f"report: no runs in '{path}' (and no {GRID})")
+    return suite
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("suite", type=Path, help="directory of run directories")
@@ -379,13 +425,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--png", type=Path, metavar="FILE", help="learning curves")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    parser.add_argument("--supplement", type=Path, metavar="DIR", action="append", default=[],
+                        help="more seeds of the same presets, run apart: a table of the "
+                             "cells they ran over both seed sets (repeatable)")
     args = parser.parse_args(argv)
-    if not args.suite.is_dir():
-        raise SystemExit(f"report: no directory '{args.suite}'")
-    suite = collect(args.suite)
-    if not suite.agents:
-        raise SystemExit(f"report: no runs in '{args.suite}' (and no {GRID})")
-    table = markdown(suite, args.reps, args.seed, args.suite.name)
+    suite = _collect_or_exit(args.suite)
+    supplements = []
+    for path in args.supplement:
+        supplements.append((path.name, _collect_or_exit(path)))
+    try:
+        table = markdown(suite, args.reps, args.seed, args.suite.name, tuple(supplements))
+    except ValueError as error:
+        raise SystemExit(f"report: --supplement: {error}") from None
     print(table, end="")
     if args.readme_table:
         write_readme_table(args.readme_table, table)

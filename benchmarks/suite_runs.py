@@ -197,3 +197,26 @@ def collect(suite_dir: Path) -> Suite:
                 runs[agent, game, seed] = (read_run(path, agent, game, seed) if path else
                                            RunResult(agent, game, seed, "missing"))
     return Suite(agents, games, seeds, runs, planned)
+
+
+def pooled(suite: Suite, extra: Suite) -> Suite:
+    """The cells that ``extra`` (more seeds of the same presets, run apart) ran, each over
+    the seeds of both: the suite's runs and ``extra``'s together. A run that both hold is
+    an error: the pooled figures would count one seed twice."""
+    seeds = sorted({*suite.seeds, *extra.seeds})
+    agents = list(dict.fromkeys([*suite.agents, *extra.agents]))
+    games = list(dict.fromkeys([*suite.games, *extra.games]))
+    runs: dict[tuple[str, str, int], RunResult] = {}
+    for agent, agent_games in extra.planned.items():
+        for game in agent_games:
+            for seed in seeds:
+                key = (agent, game, seed)
+                mine, theirs = suite.runs.get(key), extra.runs.get(key)
+                ran = [r for r in (mine, theirs) if r is not None and r.status != "missing"]
+                if len(ran) == 2:
+                    raise ValueError(f"{agent} {game} seed {seed} is in both the suite and "
+                                     "the supplement: a pooled seed must come from one")
+                runs[key] = ran[0] if ran else RunResult(agent, game, seed, "missing")
+    planned = {agent: [g for g in games if g in extra.planned.get(agent, [])]
+               for agent in agents if extra.planned.get(agent)}
+    return Suite([a for a in agents if a in planned], games, seeds, runs, planned)

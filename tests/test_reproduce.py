@@ -280,6 +280,52 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
                                                       "With 3 seeds against 3"]
 
 
+SEED_GAP_RETURNS = {"impala": [10.0, 12.0, 14.0, 20.0, 22.0],
+                    "seed": [16.0, 18.0, 20.0, 17.0, 21.0]}
+
+
+def test_supplementary_seeds_are_pooled_as_if_run_in_the_suite(tmp_path):
+    """Seeds 3 and 4 run apart (their own directory and grid) and pooled by --supplement
+    give the very rows a suite of seeds 0-4 in one directory gives; the suite's own
+    tables keep seeds 0-2."""
+    suite_dir, extra_dir, whole_dir = tmp_path / "suite", tmp_path / "extra", tmp_path / "all"
+    for root in (suite_dir, extra_dir, whole_dir):
+        root.mkdir()
+    write_grid(suite_dir, ["impala", "seed", "apex"], ["Breakout"], [0, 1, 2])
+    write_grid(extra_dir, ["impala", "seed"], ["Breakout"], [3, 4])
+    write_grid(whole_dir, ["impala", "seed"], ["Breakout"], [0, 1, 2, 3, 4])
+    for agent, values in SEED_GAP_RETURNS.items():
+        for s, value in enumerate(values):
+            make_run(suite_dir if s < 3 else extra_dir, agent, "Breakout", s, [value] * 100)
+            make_run(whole_dir, agent, "Breakout", s, [value] * 100)
+    for s in range(3):
+        make_run(suite_dir, "apex", "Breakout", s, [15.0] * 100)
+    suite_, extra = report.collect(suite_dir), report.collect(extra_dir)
+    text = report.markdown(suite_, 500, 0, "t", (("extra", extra),))
+    section = text.split("#### With the supplementary seeds of `extra`")[1]
+    whole = report.markdown(report.collect(whole_dir), 500, 0, "t")
+    for agent in ("impala", "seed"):
+        assert row_of(section, "Breakout", agent) == row_of(whole, "Breakout", agent)
+        assert row_of(text, "Breakout", agent)[2] == "3/3"  # the suite's table: seeds 0-2
+    comparison = row_of(section.split("SEED against its learner")[1], "Breakout", "seed")
+    assert comparison == row_of(whole.split("SEED against its learner")[1], "Breakout", "seed")
+    assert comparison[-2].startswith("+2.8 ")  # 18.4 - 15.6
+    with pytest.raises(AssertionError):  # Ape-X ran no supplementary seed: not pooled
+        row_of(section, "Breakout", "apex")
+
+
+def test_a_seed_in_both_the_suite_and_the_supplement_is_refused(tmp_path, capsys):
+    suite_dir, extra_dir = tmp_path / "suite", tmp_path / "extra"
+    for root, seeds in ((suite_dir, (0, 1)), (extra_dir, (1, 2))):
+        for s in seeds:
+            make_run(root, "impala", "Breakout", s, [10.0 + s] * 100)
+    with pytest.raises(SystemExit, match="impala Breakout seed 1 is in both the suite and "
+                                         "the supplement"):
+        report.main([str(suite_dir), "--supplement", str(extra_dir), "--reps", "100"])
+    with pytest.raises(SystemExit, match="no directory"):
+        report.main([str(suite_dir), "--supplement", str(tmp_path / "nowhere")])
+
+
 def test_identical_agent_rates_match_a_direct_count():
     # 3 seeds each. With 1000 resamples the base agent's 95% interval is the range of its 3
     # seeds (each extreme's all-alike resample has probability 1/27 > 2.5%), so the inside
