@@ -28,163 +28,39 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from report_cells import (  # noqa: E402
+    Cell,
+    cell_row,
+    fmt_ci,
+    iqm_row,
+    iqm_stats,
+    seeds_text,
+    suite_cells,
+)
+from report_throughput import throughput_table  # noqa: E402
 from suite import (  # noqa: E402
-    AGENTS,
     FINAL_EPISODES,
     GRID,
     NORMALISER,
     REFERENCE_FRAMES,
-    REFERENCES,
 )
 from suite_runs import (  # noqa: E402
-    RunResult,
     Suite,
-    busy_seconds,
     collect,
     frames,
-    most_at_once,
     pooled,
 )
 from suite_stats import (  # noqa: E402
     RLIABLE_ERROR,
-    aggregate_iqm,
-    bootstrap_ci,
     difference_ci,
     identical_agent_rates,
-    iqm_rows,
-    mean_rows,
 )
 
 BEGIN, END = "<!-- minatar-results:begin -->", "<!-- minatar-results:end -->"
-
-
-def seeds_text(n: int) -> str:
-    """``1 seed``, ``3 seeds``."""
-    return f"{n} seed{'s' * (n != 1)}"
-
-
-def fmt_ci(low: float | None, high: float | None, digits: int = 1) -> str:
-    return "—" if low is None else f"[{low:.{digits}f}, {high:.{digits}f}]"
-
-
-def baseline(agent: str) -> str | None:
-    return AGENTS[agent][1] if agent in AGENTS else None
-
-
-@dataclass
-class Cell:
-    """One agent on one game: its planned runs and the figures over the finished ones."""
-
-    agent: str
-    game: str
-    runs: list[RunResult]
-    mean: float | None = None  # mean over finished seeds of the final return
-    low: float | None = None  # 95% CI (None with fewer than 2 finished seeds)
-    high: float | None = None
-    baseline: str | None = None  # DQN or AC(0.8)
-    reference: float | None = None  # the baseline's return at 5M frames on this game
-    reached: bool | None = None  # mean >= reference; None without either
-
-    @property
-    def done(self) -> list[RunResult]:
-        return [r for r in self.runs if r.counted]
-
-    @property
-    def finals(self) -> np.ndarray:
-        """The final return of each finished seed."""
-        return np.array([r.final for r in self.done])
-
-
-def cell_stats(suite: Suite, agent: str, game: str, reps: int, seed: int,
-               methods: set[str]) -> Cell:
-    cell = Cell(agent, game, suite.cell(agent, game))
-    values = cell.finals
-    if len(values):
-        cell.mean = float(values.mean())
-    if len(values) >= 2:
-        cell.low, cell.high, how = bootstrap_ci([values], mean_rows, reps, seed)
-        methods.add(how)
-    cell.baseline = baseline(agent)
-    cell.reference = REFERENCES.get(cell.baseline, {}).get(game) if cell.baseline else None
-    if cell.reference is not None and cell.mean is not None:
-        cell.reached = cell.mean >= cell.reference
-    return cell
-
-
-def cell_row(cell: Cell) -> str:
-    done = cell.done
-    if cell.reference is None:
-        ref_text, reached = "—", "— (no reference)"
-    else:
-        ref_text = f"{cell.baseline} {cell.reference:g}"
-        if cell.reached is None:
-            reached = "— (no finished run)"
-        else:
-            reached = "yes" if cell.reached else "no"
-            budget = min(r.frames for r in done)
-            if budget < REFERENCE_FRAMES:
-                reached += f" (at {frames(budget)}, reference at {frames(REFERENCE_FRAMES)})"
-    evals = [r.eval_return for r in done if r.eval_return is not None]
-    eval_text = f"{np.mean(evals):.1f} ({seeds_text(len(evals))})" if evals else "—"
-    # Runs end a few frames past the budget (whole batches), so compare them as printed.
-    span = list(dict.fromkeys(frames(n) for n in sorted(r.frames for r in done)))
-    frames_text = "—" if not span else (span[0] if len(span) == 1 else f"{span[0]}–{span[-1]}")
-    mean_text = "—" if cell.mean is None else f"{cell.mean:.1f}"
-    return (f"| {cell.game} | {cell.agent} | {len(done)}/{len(cell.runs)} | {mean_text} | "
-            f"{fmt_ci(cell.low, cell.high)} | {ref_text} | {reached} | {frames_text} | "
-            f"{eval_text} | {', '.join(r.describe() for r in cell.runs)} |")
-
-
-@dataclass
-class Aggregate:
-    """One agent across games: IQM of final return / DQN's, finished runs only."""
-
-    agent: str
-    iqm: float | None = None
-    low: float | None = None
-    high: float | None = None
-    runs: int = 0
-    games: int = 0  # games with at least one finished run and a DQN reference
-    notes: list[str] = field(default_factory=list)  # what was not counted, and why
-
-
-def iqm_stats(suite: Suite, agent: str, reps: int, seed: int, methods: set[str]) -> Aggregate:
-    out, per_task = Aggregate(agent), []
-    normaliser = REFERENCES[NORMALISER]
-    for game in suite.games_of(agent):
-        runs = suite.cell(agent, game)
-        done = [r for r in runs if r.counted]
-        left = [r.describe() for r in runs if not r.counted]
-        if game not in normaliser:
-            out.notes.append(f"{game}: no {NORMALISER} reference")
-            continue
-        if not done:
-            out.notes.append(f"{game}: no finished run")
-            continue
-        per_task.append(np.array([r.final for r in done]) / normaliser[game])
-        if left:
-            out.notes.append(f"{game} {', '.join(left)}")
-    if not per_task:
-        return out
-    out.runs, out.games = sum(len(v) for v in per_task), len(per_task)
-    out.iqm = float(aggregate_iqm(np.concatenate(per_task)))
-    if out.runs >= 2:
-        out.low, out.high, how = bootstrap_ci(per_task, iqm_rows, reps, seed)
-        methods.add(how)
-    return out
-
-
-def iqm_row(agg: Aggregate, games: int) -> str:
-    iqm = "—" if agg.iqm is None else f"{agg.iqm:.2f}"
-    return (f"| {agg.agent} | {iqm} | {fmt_ci(agg.low, agg.high, 2)} | {agg.runs} | "
-            f"{agg.games}/{games} | {'; '.join(agg.notes) or '—'} |")
 
 
 def markdown(suite: Suite, reps: int, seed: int, title: str,
@@ -257,12 +133,6 @@ def supplement_section(suite: Suite, extra: Suite, name: str, reps: int, seed: i
 SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its learner's agent
 
 
-def suite_cells(suite: Suite, reps: int, seed: int,
-                methods: set[str]) -> dict[tuple[str, str], Cell]:
-    """Every planned (agent, game) cell's figures, game by game in the suite's order."""
-    return {(agent, game): cell_stats(suite, agent, game, reps, seed, methods)
-            for game in suite.games for agent in suite.agents
-            if suite.is_planned(agent, game)}
 
 
 def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) -> str:
@@ -327,57 +197,8 @@ def identical_agent_note(n_new: int, n_base: int, seed: int) -> str:
             "few seeds either verdict is a rough guide.")
 
 
-def duration(seconds: float) -> str:
-    """``1h05m`` or ``9m12s``."""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def throughput_table(suite: Suite) -> str:
-    """Per agent: frames/s of wall clock of its finished runs (median and range), how many
-    runs shared the machine, and their wall time; then the wall time of the whole suite so
-    far (unfinished attempts too), runs that ran side by side counted once."""
-    lines = [
-        "Throughput: frames per second of wall clock over a whole finished run (start-up, "
-        "checkpoints and the final evaluation included), as `reproduce.py` recorded it; "
-        "at a time: the most runs of the suite going at once while it ran, from its "
-        "attempts' start times (for an attempt without one, `reproduce.py --jobs`); "
-        "wall time: every attempt of every run, finished or not.",
-        "",
-        "| agent | finished runs | at a time | frames/s, median | range "
-        "| wall time per run, median | wall time, all runs |",
-        "|---|---:|---|---:|---|---:|---:|",
-    ]
-    total = 0.0
-    every_span = [sp for r in suite.runs.values() for sp in r.spans]
-    for agent in suite.agents:
-        runs = [r for r in suite.runs.values() if r.agent == agent]
-        spent = sum(r.wall_s or 0.0 for r in runs)
-        total += spent
-        timed = [r for r in runs if r.counted and r.fps and r.wall_s]
-        if not timed:
-            lines.append(f"| {agent} | 0 | — | — | — | — | {duration(spent)} |")
-            continue
-        fps = np.array([r.fps for r in timed])
-        wall = np.median([r.wall_s for r in timed])
-        at_once = {most_at_once(r.spans, every_span) if r.spans and not r.unplaced_s
-                   else r.jobs for r in timed}
-        jobs = ", ".join(str(j) for j in sorted(at_once))
-        lines.append(f"| {agent} | {len(timed)} | {jobs} | {np.median(fps):,.0f} | "
-                     f"{fps.min():,.0f}-{fps.max():,.0f} | {duration(wall)} | "
-                     f"{duration(spent)} |")
-    runs = suite.runs.values()
-    clock = busy_seconds([sp for r in runs for sp in r.spans]) + sum(r.unplaced_s for r in runs)
-    so_far = "" if all(r.status == "finished" for r in runs) else " so far"
-    if round(clock) >= round(total):
-        summary = f"Wall time of the suite{so_far}: {duration(total)}, one run at a time."
-    else:
-        summary = (f"Wall time of the suite{so_far}: {duration(clock)} of clock time in which "
-                   f"at least one run was going (an hour of two runs side by side counts "
-                   f"once); its runs took {duration(total)} between them.")
-    lines += ["", summary]
-    return "\n".join(lines) + "\n"
 
 
 def ci_note(methods: set[str], reps: int) -> str:

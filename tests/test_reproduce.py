@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import report  # noqa: E402
+import report_cells  # noqa: E402
 import report_plot  # noqa: E402
+import report_throughput  # noqa: E402
 import reproduce  # noqa: E402
 import suite  # noqa: E402
 import suite_runs  # noqa: E402
@@ -58,8 +60,8 @@ def write_grid(root: Path, agents: list[str], games: list[str], seeds: list[int]
                                                "seeds": seeds}))
 
 
-def cell(root: Path, agent: str, game: str, reps: int = 2000) -> report.Cell:
-    return report.cell_stats(report.collect(root), agent, game, reps, 0, set())
+def cell(root: Path, agent: str, game: str, reps: int = 2000) -> report_cells.Cell:
+    return report_cells.cell_stats(report.collect(root), agent, game, reps, 0, set())
 
 
 def row_of(table: str, game: str, agent: str) -> list[str]:
@@ -116,7 +118,7 @@ def test_iqm_of_normalised_returns_matches_a_hand_computation(tmp_path):
         make_run(tmp_path, "apex", "Breakout", seed, [value] * 100)
     for seed, value in enumerate([25.0, 50.0, 75.0, 500.0]):
         make_run(tmp_path, "apex", "Freeway", seed, [value] * 100)
-    agg = report.iqm_stats(report.collect(tmp_path), "apex", 2000, 0, set())
+    agg = report_cells.iqm_stats(report.collect(tmp_path), "apex", 2000, 0, set())
     assert agg.iqm == pytest.approx(1.375)
     assert (agg.runs, agg.games, agg.notes) == (8, 2, [])
     assert agg.low <= agg.iqm <= agg.high
@@ -183,7 +185,7 @@ def test_throughput_table_gives_each_agents_frames_per_second_and_the_suite_wall
     stopped = make_run(tmp_path, "impala", "Breakout", 2, [1.0] * 10, last_frame=100_000,
                        status=None)  # two attempts so far, no summary: time counted, no fps
     (stopped / suite.ATTEMPTS).write_text('{"wall_s": 60.0}\n{"wall_s": 40.0}\n')
-    table = report.throughput_table(report.collect(tmp_path))
+    table = report_throughput.throughput_table(report.collect(tmp_path))
     assert "| impala | 2 | 1 | 2,000 | 1,000-3,000 | 58m20s | 1h58m |" in table  # 7,100 s
     assert "| apex | 0 | — | — | — | — | 0m00s |" in table
     assert "Wall time of the suite so far: 1h58m, one run at a time." in table
@@ -204,7 +206,7 @@ def test_runs_side_by_side_count_once_in_the_suites_wall_time(tmp_path):
     summary(1, [["2026-11-26T09:50:00", 600.0], ["2026-11-26T10:20:00", 1200.0]], 1800.0,
             jobs=2)  # 9:50-10:00 and 10:20-10:40
     summary(2, None, 900.0, started="2026-11-26T12:00:00", wall_s=300.0)  # + 600 s unplaced
-    table = report.throughput_table(report.collect(tmp_path))
+    table = report_throughput.throughput_table(report.collect(tmp_path))
     assert "| apex | 3 | 1, 2 | 1,000 | 1,000-1,000 | 30m00s | 1h15m |" in table
     # 9:50-10:40 (50 min) + 12:00-12:05 + 10 min of an attempt that ran at an unknown time;
     # every planned run finished, so the suite's wall time is no longer "so far"
@@ -228,7 +230,7 @@ def test_at_a_time_counts_the_runs_of_another_invocation_that_shared_the_machine
     summary("r2d2", 0, "2026-11-27T01:40:00", 1700.0, jobs=1)  # 1:40-2:08, beside it
     summary("apex", 1, "2026-11-27T03:00:00", 1800.0, jobs=2)  # alone
     summary("r2d2", 1, "2026-11-27T02:00:00", 1800.0, jobs=1)  # 2:00-2:30: 3 at 2:00
-    table = report.throughput_table(report.collect(tmp_path))
+    table = report_throughput.throughput_table(report.collect(tmp_path))
     assert "| apex | 2 | 1, 3 | 1,000 |" in table
     assert "| r2d2 | 2 | 3 | 1,000 |" in table
     spans = report.collect(tmp_path).runs["r2d2", "Breakout", 0].spans
@@ -261,7 +263,7 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
     suite_ = report.collect(tmp_path)
     text = report.seed_comparison(report.suite_cells(suite_, 500, 0, set()), 500, 0)
     breakout = row_of(text, "Breakout", "seed")
-    impala_ci = report.cell_stats(suite_, "impala", "Breakout", 500, 0, set())
+    impala_ci = report_cells.cell_stats(suite_, "impala", "Breakout", 500, 0, set())
     assert impala_ci.low <= 12.0 <= impala_ci.high  # SEED's mean, 12, inside [10, 14]'s CI
     assert breakout[2].startswith("12.0 ") and breakout[3] == "impala"
     assert breakout[-1] == "yes"
