@@ -58,6 +58,7 @@ from suite_stats import (  # noqa: E402
     RLIABLE_ERROR,
     difference_ci,
     identical_agent_rates,
+    welch_ci,
 )
 
 BEGIN, END = "<!-- minatar-results:begin -->", "<!-- minatar-results:end -->"
@@ -138,8 +139,9 @@ SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its lea
 def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) -> str:
     """Per game that a SEED agent ran: its mean final return against its learner's mean and
     95% CI on the same game (the cells of :func:`suite_cells`), whether the SEED mean lies
-    inside that interval (the issue's test), and the two-sample bootstrap CI of the gap
-    between the two means (which also counts the SEED agent's own seed spread)."""
+    inside that interval (the issue's test), the two-sample bootstrap CI of the gap
+    between the two means (which also counts the SEED agent's own seed spread) and the
+    gap's Welch interval (:func:`suite_stats.welch_ci`, which keeps its 5% on few seeds)."""
     games = list(dict.fromkeys(game for _, game in cells))
     rows = []
     seed_counts: set[tuple[int, int]] = set()  # (SEED's, the learner's) finished seeds
@@ -154,10 +156,11 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
                 inside = theirs.low <= mine.mean <= theirs.high
                 verdict = "yes" if inside else (
                     "no, above" if mine.mean > theirs.high else "no, below")
-            gap_text = "—"
+            gap_text = welch_text = "—"
             if len(mine.done) >= 2 and len(theirs.done) >= 2:
                 low, high = difference_ci(mine.finals, theirs.finals, reps, seed)
                 gap_text = f"{mine.mean - theirs.mean:+.1f} {fmt_ci(low, high)}"
+                welch_text = fmt_ci(*(float(x) for x in welch_ci(mine.finals, theirs.finals)))
                 seed_counts.add((len(mine.done), len(theirs.done)))
             mine_text = "—" if mine.mean is None else (
                 f"{mine.mean:.1f} {fmt_ci(mine.low, mine.high)} ({seeds_text(len(mine.done))})")
@@ -165,18 +168,19 @@ def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) ->
                 f"{theirs.mean:.1f} {fmt_ci(theirs.low, theirs.high)} "
                 f"({seeds_text(len(theirs.done))})")
             rows.append(f"| {game} | {seed_agent} | {mine_text} | {learner} | {theirs_text} | "
-                        f"{gap_text} | {verdict} |")
+                        f"{gap_text} | {welch_text} | {verdict} |")
     if not rows:
         return ""
     return "\n".join([
         "SEED against its learner on the same game: the SEED agent's mean final return, "
         "the gap to its learner's (IMPALA for SEED-IMPALA, R2D2 for SEED-R2D2) with the "
         "two-sample bootstrap 95% CI of that gap (each agent's seeds resampled apart; with "
-        "2 seeds or more each), and whether the SEED mean lies inside the learner's 95% CI.",
+        "2 seeds or more each) and its Welch 95% interval (t with Welch-Satterthwaite "
+        "degrees of freedom), and whether the SEED mean lies inside the learner's 95% CI.",
         "",
         "| game | SEED agent | final return [95% CI] | learner | final return [95% CI] "
-        "| SEED − learner [95% CI] | inside the learner's CI |",
-        "|---|---|---|---|---|---|---|",
+        "| SEED − learner [bootstrap 95% CI] | Welch 95% CI | inside the learner's CI |",
+        "|---|---|---|---|---|---|---|---|",
         *rows,
         *([""] if seed_counts else []),
         *(identical_agent_note(n_new, n_base, seed) for n_new, n_base in sorted(seed_counts)),
@@ -187,14 +191,16 @@ IDENTICAL_AGENT_SIMS = 2000  # simulated pairs of suites behind identical_agent_
 
 
 def identical_agent_note(n_new: int, n_base: int, seed: int) -> str:
-    """What the two SEED tests say of an agent identical to its learner, at these seed
-    counts (:func:`suite_stats.identical_agent_rates`): how much either verdict weighs."""
-    inside, excludes = identical_agent_rates(n_new, n_base, IDENTICAL_AGENT_SIMS, 1000, seed)
+    """What the SEED tests say of an agent identical to its learner, at these seed counts
+    (:func:`suite_stats.identical_agent_rates`): how much each verdict weighs."""
+    inside, excludes, welch = identical_agent_rates(n_new, n_base, IDENTICAL_AGENT_SIMS, 1000,
+                                                    seed)
     return (f"With {seeds_text(n_new)} against {n_base}, an agent identical to its learner "
             f"lies inside the learner's CI in {100 * inside:.0f}% of "
-            f"{IDENTICAL_AGENT_SIMS:,} simulated pairs of suites (normal scores), and the "
-            f"gap's CI excludes 0 in {100 * excludes:.0f}% (5% is the nominal rate): on so "
-            "few seeds either verdict is a rough guide.")
+            f"{IDENTICAL_AGENT_SIMS:,} simulated pairs of suites (normal scores); the gap's "
+            f"bootstrap CI excludes 0 in {100 * excludes:.0f}% and its Welch interval in "
+            f"{100 * welch:.0f}% (5% is the nominal rate): on so few seeds the bootstrap "
+            "verdicts are a rough guide.")
 
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from distrl.logging import MetricLogger
 
@@ -268,12 +269,12 @@ def test_seed_is_compared_with_its_learners_interval_on_each_game(tmp_path):
     assert breakout[2].startswith("12.0 ") and breakout[3] == "impala"
     assert breakout[-1] == "yes"
     # gap 12 - 12 = 0; SEED's two seeds and IMPALA's three spread it both ways
-    assert breakout[-2].startswith("+0.0 [-") and breakout[-2].endswith("]")
+    assert breakout[-3].startswith("+0.0 [-") and breakout[-3].endswith("]")
     seaquest = row_of(text, "Seaquest", "seed")
     assert seaquest[-1] == "no, above"
     # every resample of {30, 31, 32} minus one of {4, 5, 6} lies in [24, 28]
-    low, high = (float(x) for x in seaquest[-2].split("[")[1].rstrip("]").split(","))
-    assert seaquest[-2].startswith("+26.0 ") and 24.0 <= low < 26.0 < high <= 28.0
+    low, high = (float(x) for x in seaquest[-3].split("[")[1].rstrip("]").split(","))
+    assert seaquest[-3].startswith("+26.0 ") and 24.0 <= low < 26.0 < high <= 28.0
     assert text in report.markdown(suite_, 500, 0, "t")
     # how much the verdicts weigh at these seed counts: Breakout 2 against 3, Seaquest 3
     # against 3, one line each
@@ -311,7 +312,7 @@ def test_supplementary_seeds_are_pooled_as_if_run_in_the_suite(tmp_path):
         assert row_of(text, "Breakout", agent)[2] == "3/3"  # the suite's table: seeds 0-2
     comparison = row_of(section.split("SEED against its learner")[1], "Breakout", "seed")
     assert comparison == row_of(whole.split("SEED against its learner")[1], "Breakout", "seed")
-    assert comparison[-2].startswith("+2.8 ")  # 18.4 - 15.6
+    assert comparison[-3].startswith("+2.8 ")  # 18.4 - 15.6
     with pytest.raises(AssertionError):  # Ape-X ran no supplementary seed: not pooled
         row_of(section, "Breakout", "apex")
 
@@ -334,7 +335,7 @@ def test_identical_agent_rates_match_a_direct_count():
     # rate is how often a mean of 3 new draws lies in the range of 3 others, counted here
     # without any bootstrap. The gap's interval: each agent's 27 resampled means are
     # equally likely, so all 729 gaps are enumerated and their percentiles taken.
-    inside, excludes = suite_stats.identical_agent_rates(3, 3, 4000, 1000, 0)
+    inside, excludes, welch = suite_stats.identical_agent_rates(3, 3, 4000, 1000, 0)
     rng = np.random.default_rng(7)
     base, new = rng.standard_normal((100_000, 3)), rng.standard_normal((100_000, 3))
     direct_inside = ((base.min(1) <= new.mean(1)) & (new.mean(1) <= base.max(1))).mean()
@@ -347,14 +348,31 @@ def test_identical_agent_rates_match_a_direct_count():
     direct_excludes = ((low > 0) | (high < 0)).mean()
     assert excludes == pytest.approx(direct_excludes, abs=0.03)
     assert 0.12 < excludes < 0.30  # far above the nominal 5%
+    assert welch < 0.06  # Welch's t keeps (in fact stays under) its 5% on 3 seeds
 
 
 def test_identical_agent_rates_near_their_nominal_values_with_many_seeds():
     # 20 seeds each: the bootstrap covers almost as a z-interval does. Known variance
     # gives P(|Z| < 1.96 / sqrt 2) = 0.834 inside and 5% excluding 0.
-    inside, excludes = suite_stats.identical_agent_rates(20, 20, 2000, 1000, 0)
+    inside, excludes, welch = suite_stats.identical_agent_rates(20, 20, 2000, 1000, 0)
     assert 0.76 < inside < 0.86
     assert 0.03 < excludes < 0.10
+    assert 0.03 < welch < 0.07
+
+
+def test_welch_interval_matches_scipys_and_a_hand_computation():
+    a, b = np.array([201.3, 200.1, 155.1]), np.array([238.4, 193.2, 238.4])
+    low, high = suite_stats.welch_ci(a, b)
+    reference = scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((reference.low, reference.high), rel=1e-12)
+    # By hand: variances 693.48 and 681.08 over 3 seeds each, se^2 = 458.19, df = 3.9997
+    # (equal n and near-equal variances: almost 4), t(0.975, 4) = 2.7764.
+    assert (high - low) / 2 == pytest.approx(2.7764 * 458.19**0.5, rel=1e-3)
+    assert (low + high) / 2 == pytest.approx(185.5 - 223.33, abs=0.01)
+    # Rows of simulated suites at once, and no spread at all: the gap itself.
+    lows, highs = suite_stats.welch_ci(np.stack([a, np.full(3, 5.0)]),
+                                       np.stack([b, np.full(3, 2.0)]))
+    assert lows[0] == pytest.approx(low) and (lows[1], highs[1]) == (3.0, 3.0)
 
 
 def grid_of(agents: list[str], games: list[str], seeds: list[int]) -> argparse.Namespace:
@@ -379,7 +397,7 @@ def test_each_agent_is_reported_on_the_games_it_was_asked_for_only(tmp_path):
     comparison = [line for line in table.splitlines() if line.startswith("| Breakout | seed |")
                   and "| impala |" in line]
     assert comparison == ["| Breakout | seed | 11.0 — (1 seed) | impala | 12.0 [10.0, 14.0] "
-                          "(2 seeds) | — | yes |"]  # one SEED seed: no interval of the gap
+                          "(2 seeds) | — | — | yes |"]  # one SEED seed: no interval of the gap
     # a run found on a game nobody asked for is shown all the same
     make_run(tmp_path, "seed", "Seaquest", 1, [3.0] * 100)
     assert row_of(report.markdown(report.collect(tmp_path), 200, 0, "t"),
