@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_cells import (  # noqa: E402
+    CELL_TABLE_HEADER,
     Cell,
     cell_row,
     fmt_ci,
@@ -83,9 +84,7 @@ def markdown(suite: Suite, reps: int, seed: int, title: str,
         "AC(0.8); reached: the mean over seeds is at least the reference. Eval return: "
         "`eval/return_mean` of the final policy, where the runs evaluated.",
         "",
-        "| game | agent | seeds | final return | 95% CI | reference | reached | frames "
-        "| eval return | per seed |",
-        "|---|---|---:|---:|---|---|---|---|---|---|",
+        *CELL_TABLE_HEADER,
         *rows,
         "",
         f"Across games: interquartile mean (IQM, 25% trimmed mean over every run of every "
@@ -119,9 +118,7 @@ def supplement_section(suite: Suite, extra: Suite, name: str, reps: int, seed: i
         "suite and kept apart, pooled with the suite's seeds on the cells they ran; the "
         "tables above stay on the suite's planned seeds.",
         "",
-        "| game | agent | seeds | final return | 95% CI | reference | reached | frames "
-        "| eval return | per seed |",
-        "|---|---|---:|---:|---|---|---|---|---|---|",
+        *CELL_TABLE_HEADER,
         *(cell_row(c) for c in cells.values()),
     ]
     comparison = seed_comparison(cells, reps, seed)
@@ -130,10 +127,7 @@ def supplement_section(suite: Suite, extra: Suite, name: str, reps: int, seed: i
     return "\n".join(lines) + "\n"
 
 
-
 SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its learner's agent
-
-
 
 
 def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) -> str:

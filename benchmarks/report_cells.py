@@ -65,6 +65,14 @@ def cell_stats(suite: Suite, agent: str, game: str, reps: int, seed: int,
     return cell
 
 
+# The columns of cell_row's rows, as the report's tables head them.
+CELL_TABLE_HEADER = (
+    "| game | agent | seeds | final return | 95% CI | reference | reached | frames "
+    "| eval return | per seed |",
+    "|---|---|---:|---:|---|---|---|---|---|---|",
+)
+
+
 def cell_row(cell: Cell) -> str:
     done = cell.done
     if cell.reference is None:

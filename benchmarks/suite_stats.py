@@ -91,7 +91,7 @@ def welch_ci(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     spread = se2 > 0
     safe = np.where(spread, se2, 1.0)
     df = safe**2 / np.where(spread, va**2 / (a.shape[-1] - 1) + vb**2 / (b.shape[-1] - 1), 1.0)
-    half = np.where(spread, scipy.stats.t.ppf(1 - (1 - CONFIDENCE) / 2, df) * np.sqrt(safe), 0.0)
+    half = np.where(spread, scipy.stats.t.ppf(PERCENTILES[1] / 100, df) * np.sqrt(safe), 0.0)
     return gap - half, gap + half
 
 
