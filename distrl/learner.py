@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError
-from distrl.optimizers import RMSpropTF
+from distrl.optimizers import AdamTF, RMSpropTF
 from distrl.weights import WeightStore
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float], Any]]
@@ -44,8 +44,11 @@ def make_optimizer(
     the papers' constants are for (IMPALA Table G.1: decay 0.99, eps 0.01, momentum 0;
     Ape-X: centered, decay 0.95, eps 1.5e-7). ``rmsprop``: ``torch.optim.RMSprop``, whose
     mean square starts at 0 and whose eps sits outside the root, so the same constants
-    give other updates. ``adam``: ``torch.optim.Adam`` (R2D2). ``alpha`` is RMSProp's
-    decay; ``beta1``/``beta2`` are Adam's only.
+    give other updates. ``adam_tf``: TensorFlow's Adam (:class:`distrl.optimizers.AdamTF`),
+    the one R2D2's constants are for (Table 2: lr 1e-4, eps 1e-3), eps added to the root of
+    the uncorrected second moment. ``adam``: ``torch.optim.Adam``, eps added to the root of
+    the bias-corrected one, so the same eps damps the first few thousand updates less.
+    ``alpha`` is RMSProp's decay; ``beta1``/``beta2`` are Adam's only.
     """
     if name == "rmsprop_tf":
         return RMSpropTF(
@@ -57,7 +60,11 @@ def make_optimizer(
         )
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, betas=(beta1, beta2), eps=eps)
-    raise ValueError(f"optimizer.name must be one of rmsprop_tf, rmsprop, adam; got {name!r}")
+    if name == "adam_tf":
+        return AdamTF(params, lr=lr, betas=(beta1, beta2), eps=eps)
+    raise ValueError(
+        f"optimizer.name must be one of rmsprop_tf, rmsprop, adam, adam_tf; got {name!r}"
+    )
 
 
 def make_lr_schedule(

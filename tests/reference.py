@@ -387,3 +387,41 @@ def rmsprop_tf_reference(
                 param[i] -= mom[k][i]
         trajectory.append([p.copy() for p in params])
     return trajectory
+
+
+def adam_tf_reference(
+    params: list[np.ndarray],
+    grad_fn,
+    num_steps: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> list[list[np.ndarray]]:
+    """TensorFlow's Adam (``tf.compat.v1.train.AdamOptimizer``, kernel ApplyAdam, and
+    ``tf.keras.optimizers.Adam``), the optimizer of R2D2, one element at a time:
+
+        t    <- t + 1
+        lr_t <- lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+        m    <- beta1 * m + (1 - beta1) * g          slots initialised to zeros
+        v    <- beta2 * v + (1 - beta2) * g^2
+        var  <- var - lr_t * m / (sqrt(v) + eps)
+
+    Args and returns as :func:`rmsprop_tf_reference`.
+    """
+    params = [np.array(p, dtype=np.float64) for p in params]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    trajectory = []
+    for t in range(1, num_steps + 1):
+        lr_t = lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+        grads = grad_fn(t - 1, [p.copy() for p in params])
+        for k, param in enumerate(params):
+            grad = np.asarray(grads[k], dtype=np.float64)
+            for i in np.ndindex(param.shape):
+                g = float(grad[i])
+                m[k][i] = beta1 * m[k][i] + (1.0 - beta1) * g
+                v[k][i] = beta2 * v[k][i] + (1.0 - beta2) * g * g
+                param[i] -= lr_t * m[k][i] / (math.sqrt(v[k][i]) + eps)
+        trajectory.append([p.copy() for p in params])
+    return trajectory

@@ -53,8 +53,8 @@ def test_constant_schedule() -> None:
 def test_bad_names_raise_naming_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"one of linear, constant; got 'cosine'"):
         make_lr_schedule(_sgd(), "cosine", 10)
-    with pytest.raises(ValueError,
-                       match=r"optimizer.name must be one of rmsprop_tf, rmsprop, adam; got 'sgd'"):
+    with pytest.raises(ValueError, match=r"optimizer.name must be one of rmsprop_tf, rmsprop, "
+                                         r"adam, adam_tf; got 'sgd'"):
         make_optimizer(nn.Linear(1, 1).parameters(), "sgd", lr=0.1)
 
 
