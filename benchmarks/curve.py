@@ -44,9 +44,20 @@ WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.loop's mean_r
 GAP_S = 300.0  # a longer pause between two episodes is a stopped run, not run time
 
 
-def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+Episodes = tuple[np.ndarray, np.ndarray, np.ndarray]  # frames, raw return, wall time
+
+
+def read_returns(run_dir: Path) -> Episodes:
     """(frames, raw return, wall time) of every training episode in ``run_dir``'s events
     (or in a file ``--csv`` wrote), by frames."""
+    episodes = episode_table(run_dir)
+    if episodes is None:
+        raise SystemExit(f"no episode/return scalars in {run_dir}")
+    return episodes
+
+
+def episode_table(run_dir: Path) -> Episodes | None:
+    """:func:`read_returns`'s arrays, None where ``run_dir`` logged no episode."""
     if run_dir.is_file():
         table = np.loadtxt(run_dir, delimiter=",", skiprows=1, ndmin=2)
         return table[:, 0].astype(np.int64), table[:, 1], table[:, 2]
@@ -56,7 +67,7 @@ def read_returns(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     if "episode/return" not in events.Tags().get("scalars", []):
-        raise SystemExit(f"no episode/return scalars in {run_dir}")
+        return None
     points = sorted((e.step, e.wall_time, e.value) for e in events.Scalars("episode/return"))
     return (np.array([s for s, _, _ in points], dtype=np.int64),
             np.array([v for _, _, v in points], dtype=np.float64),
@@ -79,14 +90,36 @@ def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: fl
             ) -> tuple[int, float] | None:
     """(frames, run seconds) at the first episode where the mean of the last ``WINDOW``
     episodes is at least ``level``; None if it never is."""
-    if len(returns) < WINDOW:
-        return None
-    means = np.convolve(returns, np.ones(WINDOW) / WINDOW, mode="valid")
-    hits = np.flatnonzero(means >= level)
+    with np.errstate(invalid="ignore"):
+        hits = np.flatnonzero(trailing_mean(returns) >= level)
     if not len(hits):
         return None
-    at = int(hits[0]) + WINDOW - 1
+    at = int(hits[0])
     return int(frames[at]), float(run_time(wall)[at])
+
+
+def reach_record(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
+                 levels: list[float]) -> list[dict[str, float | int | None]]:
+    """:func:`reached` at each level as a run's summary.json keeps it: ``{"level",
+    "frames", "run_time_s"}``, the last two None where the level was not reached."""
+    out: list[dict[str, float | int | None]] = []
+    for level in levels:
+        hit = reached(frames, returns, wall, level)
+        out.append({"level": float(level), "frames": None if hit is None else hit[0],
+                    "run_time_s": None if hit is None else hit[1]})
+    return out
+
+
+def trailing_mean(returns: np.ndarray) -> np.ndarray:
+    """The mean of the last ``WINDOW`` episodes at each episode, as :func:`reached` tests
+    it: NaN at the first ``WINDOW - 1`` episodes, which have fewer before them. A sum over
+    the window, then one division: whole returns summing to ``WINDOW * level`` give the
+    level exactly (a convolution with ``1 / WINDOW`` weights can fall a bit short)."""
+    out = np.full(len(returns), np.nan)
+    if len(returns) >= WINDOW:
+        sums = np.concatenate([[0.0], np.cumsum(returns, dtype=np.float64)])
+        out[WINDOW - 1:] = (sums[WINDOW:] - sums[:-WINDOW]) / WINDOW
+    return out
 
 
 def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
@@ -95,8 +128,8 @@ def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
     for level in levels:
         hit = reached(frames, returns, wall, level)
         if hit is None:
-            best = (np.convolve(returns, np.ones(WINDOW) / WINDOW, mode="valid").max()
-                    if len(returns) >= WINDOW else float("nan"))
+            best = (np.nanmax(trailing_mean(returns)) if len(returns) >= WINDOW
+                    else float("nan"))
             lines.append(f"reach {level:g}: not reached (best {WINDOW}-episode mean "
                          f"{best:.2f} by {int(frames[-1]):,} frames)")
         else:

@@ -79,3 +79,19 @@ def test_reach_is_the_first_20_episode_mean_at_the_level_and_skips_long_gaps(tmp
         "reach 25: 3,600 frames, 0h34m of run time (20-episode mean)",  # 35 steps, 1 a gap
         "reach 50: not reached (best 20-episode mean 29.50 by 4,000 frames)"]
     assert (tmp_path / "run.png").is_file()
+
+
+def test_a_window_of_whole_returns_summing_to_the_level_reaches_it():
+    # These 20 Pong scores sum to 360: their mean is 18 exactly, which a convolution with
+    # weights of 1/20 computes as 17.999999999999996 and so would never call reached.
+    window = np.array([15, 20, 15, 16, 17, 17, 18, 21, 19, 15, 16, 17, 21, 18, 21, 18, 20, 18,
+                       19, 19], dtype=np.float64)
+    assert np.convolve(window, np.ones(20) / 20, mode="valid")[0] < 18.0
+    returns = np.concatenate([np.full(30, -21.0), window])
+    frames, wall = np.arange(1, 51) * 1000, np.arange(50) * 10.0
+    assert curve.trailing_mean(returns)[49] == 18.0
+    assert np.isnan(curve.trailing_mean(returns)[18])
+    assert curve.reached(frames, returns, wall, 18.0) == (50_000, 490.0)
+    assert curve.reach_record(frames, returns, wall, [18.0, 18.5]) == [
+        {"level": 18.0, "frames": 50_000, "run_time_s": 490.0},
+        {"level": 18.5, "frames": None, "run_time_s": None}]
