@@ -181,7 +181,7 @@ class EnvConfig:
         return self.protocol == "machado"
 
 
-OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam")
+OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam", "adam_tf")
 LR_SCHEDULES = ("linear", "constant")
 
 
@@ -191,7 +191,9 @@ class OptimizerConfig:
 
     # rmsprop_tf: TensorFlow's RMSProp, the optimizer whose constants IMPALA and Ape-X
     # publish (eps inside the square root, mean square starting at 1); rmsprop: torch's
-    # (eps outside, starting at 0); adam
+    # (eps outside, starting at 0); adam_tf: TensorFlow's Adam, whose constants R2D2
+    # publishes (eps added to the root of the raw second moment); adam: torch's (eps added
+    # to the root of the bias-corrected one, so it damps the early updates less)
     name: str = "rmsprop_tf"
     lr: float = 0.0006  # IMPALA Atari learning rate
     lr_schedule: str = "linear"  # linear: decay to 0 over total_frames (IMPALA); constant

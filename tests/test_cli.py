@@ -246,7 +246,7 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "agent.worker_timeout_s must be a positive number, got 0.0"),
     # choices
     (("agent.optimizer.name=sgd",),
-     "agent.optimizer.name must be one of rmsprop_tf, rmsprop, adam; got 'sgd'"),
+     "agent.optimizer.name must be one of rmsprop_tf, rmsprop, adam, adam_tf; got 'sgd'"),
     (("agent.optimizer.lr_schedule=cosine",),
      "agent.optimizer.lr_schedule must be one of linear, constant; got 'cosine'"),
     (("agent.model.torso=transformer",),
