@@ -66,7 +66,7 @@ class ApexConfig:
     priority_beta: float = 0.4  # importance-sampling exponent
     priority_beta_final: Optional[float] = None  # anneal beta to this (None: fixed, as Ape-X)
     priority_beta_steps: int = 0  # learner updates over which beta is annealed
-    priority_epsilon: float = 1e-6  # added to |TD| so no stored transition has P = 0
+    priority_epsilon: float = 1e-6  # added to each positive |TD|, so none has P = 0
     epsilon_base: float = 0.4  # actor i of N explores with 0.4^(1 + 7 i / (N - 1))
     epsilon_exponent: float = 7.0
     actor_buffer: int = 50  # steps per env an actor gathers before sending (local buffer)

@@ -161,8 +161,10 @@ def importance_weights_naive(
 
     Schaul et al. 2016, Section 3.4: ``w_i = (N * P(i))^-beta``, normalised by
     ``max_j w_j`` so that weights only ever scale the update down; ``P(i) = p_i / total``
-    (Section 3.3, eq. 1). The maximum is taken over every stored item ``j`` with
-    ``p_j > 0`` (items that can be drawn), not only over the drawn ones.
+    (Section 3.3, eq. 1). The maximum is taken over the drawn batch, as the reference
+    implementations do (seed_rl's ``prioritized_replay``, Dopamine's
+    ``PrioritizedReplayBuffer`` users, Acme's ``importance_sampling_exponent`` path), so
+    the batch's largest weight is 1 whatever else the buffer holds.
 
     Args:
       priorities: [capacity] non-negative, with a positive sum.
@@ -179,8 +181,9 @@ def importance_weights_naive(
     def weight(j: int) -> float:
         return (n_items * (priorities[j] / total)) ** (-beta)
 
-    max_weight = max(weight(j) for j in range(len(priorities)) if priorities[j] > 0)
-    return np.array([weight(int(i)) / max_weight for i in np.asarray(drawn_indices).tolist()])
+    drawn = [int(i) for i in np.asarray(drawn_indices).tolist()]
+    max_weight = max(weight(j) for j in drawn)
+    return np.array([weight(j) / max_weight for j in drawn])
 
 
 # ------------------------------------------------------------------ n-step transitions

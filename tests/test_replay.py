@@ -166,6 +166,26 @@ def test_prioritized_frequencies_and_weights_follow_the_formula():
     assert chi2 < chi2_quantile(int(positive.sum()) - 1), chi2
 
 
+def test_batch_weights_peak_at_one_and_ignore_an_item_of_priority_zero():
+    """Weights are normalised by the batch's largest (seed_rl, Acme, Dopamine), so the
+    batch's maximum is exactly 1; an item of priority 0 (an R2D2 sequence with no
+    trainable step) is never drawn and changes neither the draws nor the weights."""
+    alpha, beta, capacity = 0.6, 0.4, 64
+    sampler = PrioritizedSampler(capacity, alpha=alpha, beta=beta, epsilon=1e-6)
+    td = np.random.default_rng(5).uniform(0.01, 3.0, 40)
+    sampler.add(torch.arange(40), torch.tensor(td))
+    ids, weights = sampler.sample(32, (0, 40), torch.Generator().manual_seed(3))
+    assert float(weights.max()) == 1.0
+    want = importance_weights_naive((td + 1e-6) ** alpha, ids.numpy(), beta, 40)
+    np.testing.assert_allclose(weights.numpy(), want, rtol=1e-5)
+    sampler.add(torch.tensor([40]), torch.tensor([0.0]))
+    after_ids, after_weights = sampler.sample(32, (0, 41), torch.Generator().manual_seed(3))
+    assert torch.equal(after_ids, ids)
+    assert torch.equal(after_weights, weights)
+    draws = torch.cat([sampler.sample(64, (0, 41))[0] for _ in range(200)])
+    assert int((draws == 40).sum()) == 0
+
+
 def test_prioritized_never_draws_an_evicted_transition():
     capacity = 60
     buffer = _buffer(capacity, PrioritizedSampler(capacity), frame_capacity=70)

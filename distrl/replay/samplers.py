@@ -6,8 +6,12 @@ they arrive, ``remove`` when they leave, ``sample`` among those stored.
 - :class:`UniformSampler`: every stored transition equally likely, weights 1.
 - :class:`PrioritizedSampler`: proportional prioritization (Schaul et al. 2016, Section
   3.3, eq. 1): ``P(i) = p_i^alpha / sum_k p_k^alpha``, importance weights
-  ``w_i = (N P(i))^-beta / max_j w_j`` (Section 3.4), with beta annealed linearly from
+  ``w_i = (N P(i))^-beta / max_j w_j`` over the drawn batch ``j`` (Section 3.4; the batch
+  maximum, as seed_rl, Acme and Dopamine take it), with beta annealed linearly from
   ``beta`` to ``beta_final`` over ``beta_steps`` samples (Ape-X keeps beta = 0.4 fixed).
+  A priority of exactly 0 marks an item with nothing to train on (an R2D2 sequence with
+  no trainable step, :func:`distrl.losses.sequence_priorities`): it is never drawn and so
+  never enters a batch's normalisation; ``epsilon`` is added to every other priority.
 """
 
 from __future__ import annotations
@@ -63,8 +67,9 @@ class PrioritizedSampler:
       beta: importance-sampling exponent at the start (Ape-X: 0.4).
       beta_final: beta reached after ``beta_steps`` samples (None: beta stays fixed).
       beta_steps: samples over which beta is annealed linearly.
-      epsilon: added to every priority, so a transition whose TD error is 0 can still be
-        drawn again (Schaul et al. 2016, Section 3.3).
+      epsilon: added to every positive priority, so a transition whose TD error is tiny
+        can still be drawn again (Schaul et al. 2016, Section 3.3). An exact 0 stays 0:
+        the item has no step to train on and is never drawn.
       kernel: ``auto|compiled|reference``, the sum tree's path (:mod:`distrl.ops`).
     """
 
@@ -107,7 +112,8 @@ class PrioritizedSampler:
             raise ValueError("priorities must be finite and >= 0")
         if priorities.numel():
             self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(ids % self.capacity, (priorities + self.epsilon).pow(self.alpha))
+        stored = torch.where(priorities > 0, (priorities + self.epsilon).pow(self.alpha), 0.0)
+        self.tree.update(ids % self.capacity, stored)
 
     def add(self, ids: torch.Tensor, priorities: Optional[torch.Tensor] = None) -> None:
         """New transitions, with their priorities (``|TD error|``, Ape-X computes them in
