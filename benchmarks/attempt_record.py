@@ -1,11 +1,14 @@
 """One attempt's record, as ``reproduce.py`` writes it to ``summary.jsonl``,
 ``attempts.jsonl`` and ``summary.json``: identity, how it ended, frames, speed, returns,
-learning curve, evaluation and throughput diagnosis, read from the run's events."""
+learning curve, evaluation, throughput diagnosis and (with ``--reach``) the frames and run
+time to each level of the 20-episode mean, read from the run's events; and the episodes
+file (``episodes.csv``) an Atari run keeps beside its summary.json."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,8 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, write_csv
 from grid_plan import Run, run_overrides
 from suite import (
+    event_files,
     final_return,
     finite_or_none,
     interval_returns,
@@ -28,12 +34,38 @@ EVAL_LINE = re.compile(r"\[distrl\] eval: (\d+) episodes .*?: return mean (-?[\d
 CURVE_INTERVALS = 20  # the summary's training returns per 1/20 of the frame budget
 
 
+def read_episodes(run_dir: Path) -> Episodes | None:
+    """Every training episode's (frames, raw return, wall time), as ``curve.py`` reads
+    them; None where the run logged none."""
+    return episode_table(run_dir) if event_files(run_dir) else None
+
+
+def write_episodes(path: Path, episodes: Episodes) -> None:
+    """``curve.py --csv``'s file, whole or not at all (``curve.py`` and ``report.py`` read
+    it in place of the run's events)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_csv(tmp, *episodes)
+    os.replace(tmp, path)
+
+
+def reach(episodes: Episodes | None, levels: list[float]) -> dict[str, Any] | None:
+    """For each level, the frames and run time at the first episode where the mean of the
+    last 20 reached it (``curve.py --reach``'s figures); None when no level is asked."""
+    if not levels:
+        return None
+    frames, returns, wall = episodes if episodes is not None else (
+        np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+    return {"window": WINDOW, "gap_s": GAP_S,
+            "levels": reach_record(frames, returns, wall, levels)}
+
+
 def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: int,
               status: str, wall: float, wall_total: float, text: str,
-              args: argparse.Namespace) -> dict[str, Any]:
+              args: argparse.Namespace, episodes: Episodes | None = None) -> dict[str, Any]:
     """One attempt's record: identity, how it ended, frames, speed and returns. ``text`` is
     what the attempt printed (its evaluation line where there are no event files);
-    ``wall_total`` counts the run's earlier attempts too."""
+    ``wall_total`` counts the run's earlier attempts too; ``episodes`` (:func:`read_episodes`)
+    gives the reach figures of ``args.reach``."""
     events = read_events(run.run_dir)
     returns = events.returns if events is not None else []
     frames = events.last_frame if events is not None else None
@@ -46,8 +78,9 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
     width = max(args.frames // CURVE_INTERVALS, 1)
     return {
         "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
-        "env": f"MinAtar-{run.game}", "overrides": run_overrides(run, args.frames, args.set),
-        "preset_sha": preset_fingerprint(run.agent),
+        "suite": run.suite.name, "env": run.suite.env_name(run.game),
+        "overrides": run_overrides(run, args.frames, args.set),
+        "preset_sha": preset_fingerprint(run.agent, run.suite),
         "command": command, "run_dir": str(run.run_dir),
         "status": status, "exit_code": code, "attempt": attempt, "resumed": resumed,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S",
@@ -67,6 +100,7 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         "trailing_curve": trailing_curve(events.frames, events.returns, events.last_frame)
         if events is not None else None,
         "eval": evaluation or None,
+        "reach": reach(episodes, args.reach),
         "throughput": (run_throughput(run.run_dir)
                        if events is not None and events.has_throughput else None),
     }

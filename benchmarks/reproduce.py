@@ -1,25 +1,39 @@
-"""Run a grid of agents x MinAtar games x seeds, one ``run.py`` process per run, resumably.
+"""Run a grid of agents x games x seeds (MinAtar or Atari), one ``run.py`` per run, resumably.
 
     python benchmarks/reproduce.py --out results/minatar --agents impala apex r2d2 \
         --games Breakout SpaceInvaders --seeds 0 1 2 --frames 5000000 \
-        [--jobs N] [--set key=value ...] [--dry-run] [--run-cmd "python run.py"]
+        [--suite minatar|atari] [--jobs N] [--set key=value ...] [--dry-run] \
+        [--run-cmd "python run.py"] [--reach RETURN ...] \
         [--no-start-after MINUTES] [--stop-after MINUTES]
 
-Each run is ``run.py +experiment=minatar_<agent> env=MinAtar-<Game> seed=<s>
-total_frames=<frames> log.dir=<out> log.name=<agent>-<game>-s<seed>`` plus the ``--set``
-overrides, in its own process (its own session, output to ``<run dir>/stdout.log``), so a
-crash or an OOM kill ends that run only; ``--jobs`` runs go at a time.
+    python benchmarks/reproduce.py --suite atari --out results/pong \
+        --archive benchmarks/atari_runs --agents appo --games Pong --seeds 1 \
+        --frames 20000000 --set stop_at_return=19 log.progress=lines
+
+``--suite`` (``suite.SUITES``) says which presets and games a run takes. ``minatar`` (the
+default): ``run.py +experiment=minatar_<agent> env=MinAtar-<Game> seed=<s>
+total_frames=<frames> log.dir=<out> log.name=<agent>-<Game>-s<seed>``. ``atari``: games
+by ALE name (Pong, Breakout, Qbert, ...), ``run.py +experiment=atari_short_<agent>
+env.id=<Game> ...`` likewise, for the agents appo, impala, apex, r2d2, seed_appo and
+seed_r2d2. A run also gets the ``--set`` overrides, in its own process (its own session,
+output to ``<run dir>/stdout.log``), so a crash or an OOM kill ends that run only;
+``--jobs`` runs go at a time. An agent whose preset file is missing, or an ``--out`` or
+``--archive`` whose ``grid.json`` holds the other suite's grid, is refused (exit 2) before
+anything starts.
 
 Invoking it again continues the grid: a run whose ``summary.json`` says it finished is
 skipped; one with checkpoints and no such summary (stopped, killed, failed midway) is
 resumed with ``resume=<run dir>``; one with neither starts afresh (event files of an
-attempt that left no checkpoint are moved to ``discarded/``). A finished run records its
-preset's fingerprint (``preset_sha``: its settings, not its comments); one skipped under a
-preset whose settings have changed since, or under another budget, is named as such on its
-skip line, so that a changed preset is never taken for the one its runs used. Ctrl-C or
-SIGTERM forwards one SIGTERM to every run (distrl then checkpoints and exits), waits up to
-``--stop-timeout`` seconds, kills what is left of each run's process group, and exits
-128 + the signal; a second Ctrl-C kills at once.
+attempt that left no checkpoint are moved to ``discarded/``). A run directory that a
+``run.py`` is still running in (its ``distrl.lock`` held: a run started by hand with the
+grid's ``log.dir`` and ``log.name``) is skipped; once that run has stopped, the grid resumes
+it from its checkpoints, its next attempt numbered past the ``hydra/attempt-N`` it left. A
+finished run records its preset's fingerprint (``preset_sha``: its settings, not its
+comments); one skipped under a preset whose settings have changed since, or under another
+budget, is named as such on its skip line, so that a changed preset is never taken for the
+one its runs used. Ctrl-C or SIGTERM forwards one SIGTERM to every run (distrl then
+checkpoints and exits), waits up to ``--stop-timeout`` seconds, kills what is left of each
+run's process group, and exits 128 + the signal; a second Ctrl-C kills at once.
 
 For a time-limited allocation (a SLURM job, a shared machine's session) ``--no-start-after
 M`` starts no run once M minutes have passed since the grid began (runs going on finish), and
@@ -29,19 +43,26 @@ resumed by the next invocation) and exits 0, or 1 when a run failed.
 Each attempt appends a record to ``<out>/summary.jsonl`` and ``<run dir>/attempts.jsonl``;
 an attempt that ended on its own (finished or failed) also writes ``<run dir>/summary.json``.
 A record holds the run's throughput diagnosis (``throughput``: which side bounded it and
-what to change, as ``python -m distrl.diagnose`` prints it), read from its events.
-The exit code is 1 when a run failed, and the last line lists the failed runs.
+what to change, as ``python -m distrl.diagnose`` prints it), read from its events, and its
+``reach``: for each level of ``--reach`` (default 0 and 18 for atari, none for minatar), the
+frames and run time at the first episode where the mean of the last 20 episodes reached it,
+as ``curve.py --reach`` finds them (run time: wall time since the first episode less every
+gap over 5 minutes), or None where it never did. An Atari run also keeps every episode's
+frames, raw return and wall time in ``episodes.csv`` beside its ``summary.json`` (``curve.py
+--csv``'s file; a few thousand episodes on Pong). The exit code is 1 when a run failed, and
+the last line lists the failed runs.
 
 ``--archive DIR`` (the README's suite uses ``benchmarks/minatar_runs``, which is committed)
 keeps a copy of each ended run's ``summary.json`` (with its learning curve, the trailing
-100-episode mean at 500 points) and of ``grid.json`` under ``DIR/<run>/``: enough for
-``report.py DIR`` to rebuild the table and the curves without the run directories, whose
-checkpoints and event files are too large to commit. A run the archive holds as finished is
-skipped too, so a grid continues on a fresh checkout where ``--out`` is empty.
+100-episode mean at 500 points), its ``episodes.csv`` where it has one, and ``grid.json``
+under ``DIR/<run>/``: enough for ``report.py DIR`` to rebuild the table and the curves without
+the run directories, whose checkpoints and event files are too large to commit. A run the
+archive holds as finished is skipped too, so a grid continues on a fresh checkout where
+``--out`` is empty.
 
 This file starts, watches and stops the runs; ``grid_plan.py`` says what the grid holds
-(each run's settings, command and state, ``grid.json``) and ``attempt_record.py`` builds an
-attempt's record from the run's events.
+(each run's settings, command and state, ``grid.json``), ``attempt_record.py`` builds an
+attempt's record from the run's events and ``suite.py`` describes each suite.
 """
 
 from __future__ import annotations
@@ -63,22 +84,28 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attempt_record import summarise  # noqa: E402
+from attempt_record import read_episodes, summarise, write_episodes  # noqa: E402
 from grid_plan import (  # noqa: E402
     Run,
     append_line,
     command_for,
     differences,
     finished_summary,
+    missing_presets,
+    next_attempt,
     plan,
+    run_lock_holder,
     state_of,
+    suite_conflict,
     update_grid,
     write_atomic,
 )
 from suite import (  # noqa: E402
-    AGENTS,
     ATTEMPTS,
+    DEFAULT_SUITE,
+    EPISODES,
     STDOUT,
+    SUITES,
     SUMMARY,
     event_files,
     read_attempts,
@@ -187,7 +214,13 @@ class Grid:
             lock.close()
             print(f"[reproduce] skip {run.name}: another reproduce.py is running it", flush=True)
             return
-        attempt = len(read_attempts(run.run_dir)) + 1
+        holder = run_lock_holder(run.run_dir)
+        if holder is not None:
+            lock.close()
+            print(f"[reproduce] skip {run.name}: a run.py is running in it ({holder}); "
+                  "invoke again once it has stopped", flush=True)
+            return
+        attempt = next_attempt(run.run_dir)
         resumed = state == "resume"
         # A new attempt: a failed one's summary.json stays in summary.jsonl and attempts.jsonl.
         (run.run_dir / SUMMARY).unlink(missing_ok=True)
@@ -243,20 +276,27 @@ class Grid:
             status = "finished" if code == 0 else "failed"
         previous = read_attempts(run.run_dir)
         wall_total = wall + sum(a.get("wall_s", 0.0) for a in previous)
+        episodes = (read_episodes(run.run_dir) if self.args.reach or run.suite.keeps_episodes
+                    else None)
         record = summarise(run, child.command, child.attempt, child.resumed, code, status,
-                           wall, wall_total, text, self.args)
+                           wall, wall_total, text, self.args, episodes)
         record["spans"] = [*([a.get("started"), a.get("wall_s")] for a in previous),
                            [record["started"], record["wall_s"]]]
+        # attempts started without reproduce.py (by hand): their wall time is in no record,
+        # so wall_s_total and fps leave them out
+        record["unrecorded_attempts"] = child.attempt - 1 - len(previous)
         append_line(run.run_dir / ATTEMPTS, {
             key: record[key] for key in ("attempt", "status", "exit_code", "resumed", "wall_s",
                                          "frames", "started", "command")})
         append_line(self.args.out / "summary.jsonl", record)
         if status != "stopped":
-            write_atomic(run.run_dir / SUMMARY, json.dumps(record, indent=1) + "\n")
-            if self.args.archive is not None:
-                (self.args.archive / run.name).mkdir(parents=True, exist_ok=True)
-                write_atomic(self.args.archive / run.name / SUMMARY,
-                             json.dumps(record, indent=1) + "\n")
+            kept = [run.run_dir, *([self.args.archive / run.name]
+                                   if self.args.archive is not None else [])]
+            for directory in kept:
+                directory.mkdir(parents=True, exist_ok=True)
+                if run.suite.keeps_episodes and episodes is not None:
+                    write_episodes(directory / EPISODES, episodes)
+                write_atomic(directory / SUMMARY, json.dumps(record, indent=1) + "\n")
         child.lock.close()
         self.records.append(record)
         final = record["final_return_100"]
@@ -305,18 +345,30 @@ def dry_run(runs: list[Run], args: argparse.Namespace) -> None:
         if state == "finished":
             print(f"# skip {run.name}: finished ({finished_summary(run, args.archive)})")
             continue
-        attempt = len(read_attempts(run.run_dir)) + 1
+        holder = run_lock_holder(run.run_dir)
+        if holder is not None:
+            print(f"# skip {run.name}: a run.py is running in it ({holder}); invoke again "
+                  "once it has stopped")
+            continue
+        attempt = next_attempt(run.run_dir)
         print(f"# {run.name}: {state}")
         print(shlex.join(command_for(run, args.run_cmd, args.frames, args.set,
                                      state == "resume", attempt)))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # --suite first: the agents it offers are --agents' choices
+    which = argparse.ArgumentParser(add_help=False)
+    which.add_argument("--suite", choices=sorted(SUITES), default=DEFAULT_SUITE)
+    spec = SUITES[which.parse_known_args(argv)[0].suite]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", choices=sorted(SUITES), default=DEFAULT_SUITE,
+                        help="minatar (MinAtar-<game>, minatar_<agent> presets) or atari "
+                             "(env.id=<game>, atari_short_<agent> presets)")
     parser.add_argument("--out", type=Path, required=True, help="suite directory")
-    parser.add_argument("--agents", nargs="+", required=True, choices=sorted(AGENTS))
-    parser.add_argument("--games", nargs="+", required=True,
-                        help="MinAtar games: Asterix Breakout Freeway Seaquest SpaceInvaders")
+    parser.add_argument("--agents", nargs="+", required=True, choices=sorted(spec.agents),
+                        help=f"agents of --suite {spec.name}")
+    parser.add_argument("--games", nargs="+", required=True, help=spec.games_help)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--frames", type=int, default=5_000_000, help="total_frames per run")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
@@ -329,6 +381,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also keep each ended run's summary.json (with its curve) in "
                              "DIR/<run>/, small enough to commit; runs finished there are "
                              "skipped")
+    defaults = "; ".join(f"{name}: {' '.join(f'{x:g}' for x in suite.reach) or 'none'}"
+                         for name, suite in SUITES.items())
+    parser.add_argument("--reach", type=float, nargs="*", metavar="RETURN",
+                        help="levels of the 20-episode mean return: each record keeps the "
+                             f"frames and run time to the first reaching (default {defaults})")
     parser.add_argument("--stop-timeout", type=float, default=300.0,
                         help="seconds a stopped run may take to checkpoint before SIGKILL")
     parser.add_argument("--no-start-after", type=float, metavar="MINUTES",
@@ -347,12 +404,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.out = args.out.resolve()
     args.archive = args.archive.resolve() if args.archive is not None else None
     args.run_cmd = shlex.split(args.run_cmd)
+    args.reach = list(spec.reach) if args.reach is None else args.reach
     return args
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why the grid cannot start at all (before any run or file): an agent's preset file is
+    missing, or --out's or --archive's grid.json holds another suite's runs."""
+    spec = SUITES[args.suite]
+    missing = missing_presets(args.agents, spec)
+    if missing:
+        return (f"no run started: no such preset file of --suite {spec.name}: "
+                + ", ".join(f"{path} (--agents {agent})" for agent, path in missing.items()))
+    for directory in (args.out, *([args.archive] if args.archive is not None else [])):
+        conflict = suite_conflict(directory, args.suite)
+        if conflict is not None:
+            return conflict
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    runs = plan(args.out, args.agents, args.games, args.seeds)
+    refused = refusal(args)
+    if refused is not None:
+        print(f"reproduce.py: error: {refused}", file=sys.stderr, flush=True)
+        return 2
+    runs = plan(args.out, args.agents, args.games, args.seeds, SUITES[args.suite])
     if args.dry_run:
         dry_run(runs, args)
         return 0

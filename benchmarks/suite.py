@@ -1,5 +1,6 @@
-"""The MinAtar experiment grid's names, reference scores and run-directory reader, shared by
-``benchmarks/reproduce.py`` (runs the grid) and ``benchmarks/report.py`` (tables, curves).
+"""The experiment grids' suites (MinAtar, Atari: :class:`SuiteSpec`), MinAtar's reference
+scores and the run-directory reader, shared by ``benchmarks/reproduce.py`` (runs the grid) and
+``benchmarks/report.py`` (tables, curves).
 
 A run directory ``<suite>/<agent>-<game>-s<seed>`` holds what ``run.py`` writes (tensorboard
 event files, ``checkpoints/``) and what ``reproduce.py`` adds: ``stdout.log``,
@@ -22,15 +23,74 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-# Agent name -> (Hydra preset under experiments/experiment/, the MinAtar baseline it is
-# compared with). Value-based agents meet DQN, actor-critic agents AC(lambda=0.8).
-AGENTS: dict[str, tuple[str, str]] = {
-    "impala": ("minatar_impala", "AC(0.8)"),
-    "apex": ("minatar_apex", "DQN"),
-    "r2d2": ("minatar_r2d2", "DQN"),
-    "seed": ("minatar_seed", "AC(0.8)"),  # SEED-IMPALA
-    "seed_r2d2": ("minatar_seed_r2d2", "DQN"),
-}
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """What sets one suite's runs apart from another's: its agents, the override that picks
+    a game, how a record names the env, the levels whose first reaching its records keep
+    and whether an archive keeps every episode. ``reproduce.py --suite NAME`` runs
+    ``SUITES[NAME]``; its ``grid.json`` records the name."""
+
+    name: str
+    # agent name -> (Hydra preset under experiments/experiment/, the baseline its report
+    # compares it with; None where the suite's report compares with none)
+    agents: dict[str, tuple[str, str | None]]
+    env_override: str  # run.py's override that picks the game, with ``{game}`` in it
+    env_label: str  # the record's "env", with ``{game}`` in it
+    games_help: str  # the games, as --help names them
+    reach: tuple[float, ...] = ()  # reproduce.py --reach's default levels
+    keeps_episodes: bool = False  # each ended run's episodes beside its summary.json
+
+    def preset(self, agent: str) -> str:
+        return self.agents[agent][0]
+
+    def preset_path(self, agent: str) -> Path:
+        """The agent's preset file (read at call time: tests point PRESETS elsewhere)."""
+        return PRESETS / f"{self.preset(agent)}.yaml"
+
+    def game_override(self, game: str) -> str:
+        return self.env_override.format(game=game)
+
+    def env_name(self, game: str) -> str:
+        return self.env_label.format(game=game)
+
+
+# Value-based agents meet DQN, actor-critic agents AC(lambda=0.8).
+MINATAR = SuiteSpec(
+    name="minatar",
+    agents={
+        "impala": ("minatar_impala", "AC(0.8)"),
+        "apex": ("minatar_apex", "DQN"),
+        "r2d2": ("minatar_r2d2", "DQN"),
+        "seed": ("minatar_seed", "AC(0.8)"),  # SEED-IMPALA
+        "seed_r2d2": ("minatar_seed_r2d2", "DQN"),
+    },
+    env_override="env=MinAtar-{game}",
+    env_label="MinAtar-{game}",
+    games_help="MinAtar games: Asterix Breakout Freeway Seaquest SpaceInvaders",
+)
+# The presets pick Pong's env group (DeepMind's conventions, no per-game setting) and
+# env.id swaps the game, so one preset runs any ALE game. The reach levels are Pong's:
+# 0 is halfway from a random policy's -21, +18 near the best score, 21.
+ATARI = SuiteSpec(
+    name="atari",
+    agents={
+        "appo": ("atari_short_appo", None),
+        "impala": ("atari_short_impala", None),
+        "apex": ("atari_short_apex", None),
+        "r2d2": ("atari_short_r2d2", None),
+        "seed_appo": ("atari_short_seed_appo", None),
+        "seed_r2d2": ("atari_short_seed_r2d2", None),
+    },
+    env_override="env.id={game}",
+    env_label="{game}",
+    games_help="Atari games by ALE name: Pong Breakout Qbert ...",
+    reach=(0.0, 18.0),
+    keeps_episodes=True,
+)
+SUITES: dict[str, SuiteSpec] = {spec.name: spec for spec in (MINATAR, ATARI)}
+DEFAULT_SUITE = MINATAR.name  # also that of a grid.json without "suite" (written before it)
+AGENTS = MINATAR.agents  # the MinAtar report's agents and baselines
 
 # Mean training return at 5M frames, read off the MinAtar README figure (Young & Tian 2019,
 # https://github.com/kenjyoung/MinAtar): approximate, to two significant figures.
@@ -51,6 +111,7 @@ THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.diagnose.RAW: each report's figu
 RETURN_TAG = "episode/return"  # distrl.logging.MetricLogger.episode, step = env frames
 EVAL_PREFIX = "eval/"  # distrl.evaluation: eval/return_mean, ... at the last frame
 SUMMARY = "summary.json"
+EPISODES = "episodes.csv"  # every episode's frames, return, wall time (curve.py --csv's)
 ATTEMPTS = "attempts.jsonl"
 STDOUT = "stdout.log"
 GRID = "grid.json"
@@ -64,11 +125,12 @@ def run_name(agent: str, game: str, seed: int) -> str:
     return f"{agent}-{game}-s{seed}"
 
 
-def preset_fingerprint(agent: str) -> str | None:
-    """The first 12 hex digits of the SHA-256 of ``agent``'s MinAtar preset as parsed: its
-    settings, not its comments or layout. A finished run records it, so a run made with
-    other settings of the preset is not taken for one of today's. None: no such file."""
-    path = PRESETS / f"{AGENTS[agent][0]}.yaml"
+def preset_fingerprint(agent: str, spec: SuiteSpec = MINATAR) -> str | None:
+    """The first 12 hex digits of the SHA-256 of ``agent``'s preset in ``spec``'s suite as
+    parsed: its settings, not its comments or layout. A finished run records it, so a run
+    made with other settings of the preset is not taken for one of today's. None: no such
+    file."""
+    path = spec.preset_path(agent)
     if not path.is_file():
         return None
     settings = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -80,6 +142,11 @@ def parse_run_name(name: str) -> tuple[str, str, int] | None:
     """``(agent, game, seed)`` of a run directory's name, None for another name."""
     match = _NAME.match(name)
     return (match["agent"], match["game"], int(match["seed"])) if match else None
+
+
+def suite_of_grid(grid: dict[str, Any]) -> str:
+    """The suite a ``grid.json`` holds (one written before it said so holds MinAtar's)."""
+    return grid.get("suite", DEFAULT_SUITE)
 
 
 def games_by_agent(grid: dict[str, Any]) -> dict[str, list[str]]:
