@@ -1,7 +1,17 @@
-"""Tables and learning curves of a MinAtar suite, from its run directories alone.
+"""Tables and learning curves of a MinAtar or Atari suite, from its run directories alone.
 
     python benchmarks/report.py results/minatar [--readme-table README.md] [--png curves.png]
         [--supplement DIR]
+    python benchmarks/report.py benchmarks/atari_runs [--suite atari] \
+        [--readme-table README.md] [--png pong.png]
+
+The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it
+names none). An Atari suite's report is ``report_atari.py``'s: per game and agent, each
+seed's frames and run time to a 20-episode mean of 0 and +18, the evaluation return per
+seed and over seeds, frames/s and the command; its PNG, one curve per agent (mean over seeds,
+min-max band). ``--readme-table`` puts an Atari table between ``<!-- atari-results:start
+-->`` and ``<!-- atari-results:end -->``, which the file must hold. The rest of this
+docstring is the MinAtar report's.
 
 Per game and agent: the final return (mean training return over each run's last 100
 episodes, as the MinAtar paper plots) averaged over the finished seeds, its 95% stratified
@@ -32,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import report_atari  # noqa: E402
 from report_cells import (  # noqa: E402
     CELL_TABLE_HEADER,
     Cell,
@@ -44,10 +55,15 @@ from report_cells import (  # noqa: E402
 )
 from report_throughput import throughput_table  # noqa: E402
 from suite import (  # noqa: E402
+    ATARI,
+    DEFAULT_SUITE,
     FINAL_EPISODES,
     GRID,
     NORMALISER,
     REFERENCE_FRAMES,
+    SUITES,
+    read_json,
+    suite_of_grid,
 )
 from suite_runs import (  # noqa: E402
     Suite,
@@ -216,16 +232,21 @@ def ci_note(methods: set[str], reps: int) -> str:
             "IQM by rliable.metrics.aggregate_iqm.")
 
 
-def write_readme_table(path: Path, table: str) -> None:
-    """Put ``table`` between the markers in ``path`` (appended with them when absent)."""
-    block = f"{BEGIN}\n{table}{END}\n"
+def write_readme_table(path: Path, table: str, begin: str = BEGIN, end: str = END,
+                       append: bool = True) -> None:
+    """Put ``table`` between the markers ``begin`` and ``end`` in ``path``; where the file
+    lacks them, append it with them, or (``append`` false) refuse with SystemExit."""
+    block = f"{begin}\n{table}{end}\n"
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].removeprefix("\n")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].removeprefix("\n")
         text = head + block + tail
-    else:
+    elif append:
         text = text + ("\n" if text and not text.endswith("\n") else "") + block
+    else:
+        raise SystemExit(f"report: --readme-table: '{path}' holds no {begin} ... {end} "
+                         "markers: add them where the table goes")
     path.write_text(text)
 
 
@@ -238,11 +259,43 @@ def _collect_or_exit(path: Path) -> Suite:
     return suite
 
 
+def suite_name(path: Path, asked: str | None) -> str:
+    """The suite ``path`` holds: ``asked`` (--suite), which must not contradict its
+    grid.json, else the one its grid.json names."""
+    grid = read_json(path / GRID)
+    recorded = suite_of_grid(grid) if isinstance(grid, dict) else None
+    if asked is not None and recorded is not None and asked != recorded:
+        raise SystemExit(f"report: --suite {asked}, but {path / GRID} holds the {recorded} "
+                         "suite's grid")
+    return asked or recorded or DEFAULT_SUITE
+
+
+def atari_main(args: argparse.Namespace, suite: Suite) -> None:
+    """An Atari suite's table (and README block, PNG): :mod:`report_atari`'s."""
+    if args.supplement:
+        raise SystemExit("report: --supplement pools MinAtar seeds; an Atari suite's "
+                         "directory holds all its seeds")
+    levels = list(ATARI.reach)
+    table = report_atari.markdown(suite, args.suite, args.suite.name, levels)
+    print(table, end="")
+    if args.readme_table:
+        write_readme_table(args.readme_table, table, report_atari.BEGIN, report_atari.END,
+                           append=False)
+    if args.png:
+        report_atari.plot(suite, args.suite, args.png, levels)
+        print(f"\nlearning curves: {args.png}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("suite", type=Path, help="directory of run directories")
+    parser.add_argument("--suite", dest="kind", choices=sorted(SUITES),
+                        help="minatar or atari (default: the one grid.json names, else "
+                             "minatar)")
     parser.add_argument("--readme-table", type=Path, metavar="FILE",
-                        help=f"also write the tables into FILE between {BEGIN} and {END}")
+                        help=f"also write the tables into FILE between {BEGIN} and {END} "
+                             f"(an Atari suite's between {report_atari.BEGIN} and "
+                             f"{report_atari.END}, which FILE must hold)")
     parser.add_argument("--png", type=Path, metavar="FILE", help="learning curves")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
@@ -250,7 +303,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="more seeds of the same presets, run apart: a table of the "
                              "cells they ran over both seed sets (repeatable)")
     args = parser.parse_args(argv)
+    kind = suite_name(args.suite, args.kind)
     suite = _collect_or_exit(args.suite)
+    if kind == ATARI.name:
+        atari_main(args, suite)
+        return
     supplements = []
     for path in args.supplement:
         supplements.append((path.name, _collect_or_exit(path)))

@@ -22,7 +22,10 @@ from distrl.logging import MetricLogger
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import attempt_record  # noqa: E402
+import curve  # noqa: E402
 import report  # noqa: E402
+import report_atari  # noqa: E402
 import report_cells  # noqa: E402
 import report_plot  # noqa: E402
 import report_throughput  # noqa: E402
@@ -750,3 +753,282 @@ def test_difference_ci_of_a_constant_shift_is_the_shift_and_of_like_sets_holds_z
     # is -10 with probability 1/16 > 2.5%: the interval is [-10, 10]
     assert suite_stats.difference_ci(np.array([0.0, 10.0]), np.array([0.0, 10.0]),
                                      20000, 0) == (-10.0, 10.0)
+
+
+# ---------------------------------------------------------------- the Atari suite
+
+
+def atari_presets(tmp_path: Path, monkeypatch, *agents: str) -> Path:
+    """A presets directory holding the Atari presets of ``agents`` only."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    for agent in agents:
+        (presets / f"{suite.ATARI.preset(agent)}.yaml").write_text(
+            "# @package _global_\nagent:\n  passes: 4\n")
+    monkeypatch.setattr(suite, "PRESETS", presets)
+    return presets
+
+
+def atari_args(out: Path, *extra: str, agents=("appo",), seeds=("1",)) -> list[str]:
+    return ["--suite", "atari", "--out", str(out), "--agents", *agents, "--games", "Pong",
+            "--seeds", *seeds, "--frames", "1000", "--run-cmd", FAKE, *extra]
+
+
+def test_an_atari_run_is_its_agents_atari_preset_and_resumes_a_run_started_by_hand(
+        tmp_path, monkeypatch, capsys):
+    """A run started by hand with the grid's log.dir and log.name (its Hydra files in
+    hydra/attempt-1, no attempts.jsonl) is resumed as the grid's, in attempt 2."""
+    atari_presets(tmp_path, monkeypatch, "appo", "seed_r2d2")
+    out = tmp_path / "pong"
+    by_hand = out / "appo-Pong-s1"
+    (by_hand / "hydra" / "attempt-1" / ".hydra").mkdir(parents=True)
+    (by_hand / "checkpoints").mkdir()
+    (by_hand / "checkpoints" / "checkpoint-000000000500.pt").write_text("")
+    assert reproduce.main(atari_args(out, "--dry-run", "--set", "stop_at_return=19",
+                                     "log.progress=lines", agents=("appo", "seed_r2d2"))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# appo-Pong-s1: resume"
+    assert lines[1].split()[2:] == [
+        "+experiment=atari_short_appo", "env.id=Pong", "seed=1", "total_frames=1000",
+        f"log.dir={out}", "log.name=appo-Pong-s1", "stop_at_return=19", "log.progress=lines",
+        f"hydra.run.dir={by_hand}/hydra/attempt-2", f"resume={by_hand}"]
+    assert lines[2] == "# seed_r2d2-Pong-s1: fresh"
+    assert lines[3].split()[2:4] == ["+experiment=atari_short_seed_r2d2", "env.id=Pong"]
+    assert "resume=" not in lines[3] and len(lines) == 4
+
+
+def test_a_run_started_by_hand_is_continued_by_the_grid_as_attempt_2(tmp_path, monkeypatch):
+    atari_presets(tmp_path, monkeypatch, "appo")
+    out = tmp_path / "pong"
+    by_hand = out / "appo-Pong-s1"
+    (by_hand / "hydra" / "attempt-1").mkdir(parents=True)  # Hydra's, under run.py
+    subprocess.run([*FAKE.split(), "+experiment=atari_short_appo", "env=Pong", "seed=1",
+                    "total_frames=1000", f"log.dir={out}", "log.name=appo-Pong-s1"],
+                   env={**os.environ, "FAKE_FAIL": "appo-Pong-s1"}, check=False,
+                   stdout=subprocess.DEVNULL)  # stops halfway, its checkpoint at 500 frames
+    assert reproduce.main(atari_args(out)) == 0
+    argv = invocations(by_hand)[-2]["argv"]
+    assert argv[-2:] == [f"hydra.run.dir={by_hand}/hydra/attempt-2", f"resume={by_hand}"]
+    summary = json.loads((by_hand / suite.SUMMARY).read_text())
+    assert (summary["status"], summary["attempt"], summary["resumed"]) == ("finished", 2, True)
+    assert summary["unrecorded_attempts"] == 1
+    assert summary["episodes"] == 40  # one curve over both attempts
+
+
+def test_a_run_directory_a_run_py_holds_is_left_alone(tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    atari_presets(tmp_path, monkeypatch, "appo")
+    out = tmp_path / "pong"
+    run_dir = out / "appo-Pong-s1"
+    run_dir.mkdir(parents=True)
+    events = run_dir / "events.out.tfevents.1.host.1.0"  # no checkpoint yet: "fresh"
+    events.write_text("")
+    with open(run_dir / "distrl.lock", "w") as held:  # as distrl.run_lock.take holds it
+        held.write(json.dumps({"pid": 4242, "since": "2026-11-27 21:49:08 UTC"}))
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert reproduce.main(atari_args(out, "--dry-run")) == 0
+        assert capsys.readouterr().out == (
+            "# skip appo-Pong-s1: a run.py is running in it (pid 4242, since 2026-11-27 "
+            "21:49:08 UTC); invoke again once it has stopped\n")
+        assert reproduce.main(atari_args(out)) == 0
+        assert ("skip appo-Pong-s1: a run.py is running in it (pid 4242"
+                in capsys.readouterr().out)
+    assert events.exists() and not (run_dir / "discarded").exists()  # its events stay
+    assert not (run_dir / "invocations.jsonl").exists()  # nothing started
+
+
+def test_an_agent_without_its_preset_file_is_refused_before_anything_starts(
+        tmp_path, monkeypatch, capsys):
+    presets = atari_presets(tmp_path, monkeypatch, "appo")
+    out = tmp_path / "pong"
+    for extra in ((), ("--dry-run",)):
+        assert reproduce.main(atari_args(out, *extra, agents=("appo", "r2d2"))) == 2
+        assert capsys.readouterr().err == (
+            f"reproduce.py: error: no run started: no such preset file of --suite atari: "
+            f"{presets / 'atari_short_r2d2.yaml'} (--agents r2d2)\n")
+    assert not out.exists()
+    # the agents offered are the suite's
+    for argv in (atari_args(out, agents=("seed",)), grid_args(out, agents=("appo",))):
+        with pytest.raises(SystemExit):
+            reproduce.main(argv)
+        assert "argument --agents: invalid choice" in capsys.readouterr().err
+
+
+def test_a_grid_of_one_suite_is_not_extended_with_the_other(tmp_path, monkeypatch, capsys):
+    presets = atari_presets(tmp_path, monkeypatch, "appo")
+    for agent in ("impala", "apex"):
+        (presets / f"{suite.MINATAR.preset(agent)}.yaml").write_text("agent: {passes: 1}\n")
+    minatar, legacy, atari = tmp_path / "minatar", tmp_path / "legacy", tmp_path / "atari"
+    minatar.mkdir()
+    reproduce.update_grid(minatar, grid_of(["impala"], ["Breakout"], [0]))
+    assert json.loads((minatar / suite.GRID).read_text())["suite"] == "minatar"
+    legacy.mkdir()
+    write_grid(legacy, ["impala"], ["Breakout"], [0])  # written before grids named a suite
+    for out in (minatar, legacy):
+        before = (out / suite.GRID).read_text()
+        assert reproduce.main(atari_args(out)) == 2
+        assert capsys.readouterr().err == (
+            f"reproduce.py: error: {out / suite.GRID} holds the minatar suite's grid: it "
+            "cannot take --suite atari runs; give this suite its own --out and --archive\n")
+        assert (out / suite.GRID).read_text() == before
+        assert [p.name for p in out.iterdir()] == [suite.GRID]
+    # an Atari archive under a MinAtar grid: refused too, and update_grid itself refuses
+    atari.mkdir()
+    reproduce.update_grid(atari, argparse.Namespace(**{**vars(grid_of(["appo"], ["Pong"], [0])),
+                                                      "suite": "atari"}))
+    fresh = tmp_path / "fresh"
+    assert reproduce.main(grid_args(fresh, "--archive", str(atari))) == 2
+    assert f"{atari / suite.GRID} holds the atari suite's grid" in capsys.readouterr().err
+    assert not fresh.exists()
+    with pytest.raises(ValueError, match="holds the atari suite's grid"):
+        reproduce.update_grid(atari, grid_of(["impala"], ["Breakout"], [0]))
+
+
+def hand_built_episodes() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """30 episodes, 1,000 frames and 30 s apart: 10 returning -21, then 20 returning +20;
+    the step to episode 22 takes 4 minutes (run time) and the one to episode 25 an hour
+    (the run stopped, then resumed: not run time)."""
+    frames = np.arange(1, 31) * 1000
+    returns = np.array([-21.0] * 10 + [20.0] * 20)
+    steps = np.full(30, 30.0)
+    steps[0], steps[22], steps[25] = 0.0, 240.0, 3600.0
+    return frames, returns, 1.8e9 + np.cumsum(steps)
+
+
+def test_reach_figures_of_an_episode_list_leave_out_a_gap_over_five_minutes():
+    # 0: episode 20's window holds 9 x -21 and 11 x +20, mean +1.55 (episode 19's: -0.5),
+    #    after 20 steps of 30 s.
+    # 18: only an all-(+20) window, episodes 10-29, reaches it: at episode 29, after
+    #    27 steps of 30 s, the 240 s one, and not the hour.
+    record = attempt_record.reach(hand_built_episodes(), [0.0, 18.0, 20.5])
+    assert record == {"window": 20, "gap_s": 300.0, "levels": [
+        {"level": 0.0, "frames": 21_000, "run_time_s": 600.0},
+        {"level": 18.0, "frames": 30_000, "run_time_s": 1050.0},
+        {"level": 20.5, "frames": None, "run_time_s": None}]}
+    assert attempt_record.reach(hand_built_episodes(), []) is None
+
+
+def test_an_atari_grid_records_the_reach_and_archives_every_episode(tmp_path, monkeypatch,
+                                                                    capsys):
+    atari_presets(tmp_path, monkeypatch, "appo")
+    monkeypatch.setenv("FAKE_EVAL", "1")
+    out, archive = tmp_path / "pong", tmp_path / "archive"
+    assert reproduce.main(atari_args(out, "--archive", str(archive), seeds=("0", "1"))) == 0
+    assert json.loads((archive / suite.GRID).read_text())["suite"] == "atari"
+    for seed in (0, 1):
+        kept = archive / f"appo-Pong-s{seed}"
+        assert {p.name for p in kept.iterdir()} == {suite.SUMMARY, suite.EPISODES}
+        summary = json.loads((kept / suite.SUMMARY).read_text())
+        assert (summary["env"], summary["suite"]) == ("Pong", "atari")
+        assert summary["overrides"][:2] == ["+experiment=atari_short_appo", "env.id=Pong"]
+        assert summary["preset_sha"] == suite.preset_fingerprint("appo", suite.ATARI)
+        assert summary["preset_sha"] is not None
+        frames, returns, wall = curve.read_returns(kept / suite.EPISODES)
+        # fake_run: 2 episodes per 50 frames, each returning seed + frames / 1000
+        assert len(frames) == 40 and frames[19] == 499
+        np.testing.assert_allclose(returns[:2], seed + 0.05)
+        # the archive alone gives the recorded figures (its wall times kept to the ms): 0 at
+        # the 20th episode, 18 never
+        recorded = summary["reach"]["levels"]
+        again = curve.reach_record(frames, returns, wall, [0.0, 18.0])
+        assert [level["frames"] for level in recorded] == [499, None]
+        assert [level["frames"] for level in again] == [499, None]
+        assert recorded[0]["run_time_s"] == pytest.approx(again[0]["run_time_s"], abs=2e-3)
+        assert (out / kept.name / suite.EPISODES).read_text() == (
+            kept / suite.EPISODES).read_text()
+        assert summary["unrecorded_attempts"] == 0
+    capsys.readouterr()
+    report.main([str(archive)])  # the suite from grid.json
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    assert row[2:4] == ["atari_short_appo", "2/2"]
+    assert row[4].startswith("s0 499 frames, ") and "; s1 499 frames, " in row[4]
+    assert row[5:8] == ["s0 not reached; s1 not reached", "s0 10.0, s1 11.0", "10.5 (2 seeds)"]
+
+
+def write_atari_run(archive: Path, agent: str, seed: int, status: str,
+                    episodes: tuple[np.ndarray, np.ndarray, np.ndarray],
+                    eval_return: float | None = None, exit_code: int = 0) -> Path:
+    """An archived Atari run as reproduce.py keeps it: summary.json and episodes.csv."""
+    run_dir = archive / suite.run_name(agent, "Pong", seed)
+    run_dir.mkdir(parents=True)
+    frames, returns, wall = episodes
+    (run_dir / suite.SUMMARY).write_text(json.dumps({
+        "agent": agent, "game": "Pong", "seed": seed, "status": status,
+        "exit_code": exit_code, "frames": int(frames[-1]), "episodes": len(frames),
+        "final_return_100": float(returns[-100:].mean()),
+        "eval": None if eval_return is None else {"return_mean": eval_return}}))
+    curve.write_csv(run_dir / suite.EPISODES, frames, returns, wall)
+    return run_dir
+
+
+def pong_episodes(late: float, count: int = 40) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` episodes 500,000 frames and 4 minutes apart (less than the 5 that make a
+    gap): 20 returning -21, then ``late``."""
+    frames = np.arange(1, count + 1) * 500_000
+    returns = np.array([-21.0] * 20 + [late] * (count - 20))[:count]
+    return frames, returns, 1.8e9 + 240.0 * np.arange(count)
+
+
+def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path, capsys):
+    archive = tmp_path / "atari_runs"
+    archive.mkdir()
+    (archive / suite.GRID).write_text(json.dumps({
+        "suite": "atari", "agents": ["appo", "impala"], "games": ["Pong"], "seeds": [0, 1, 2],
+        "games_by_agent": {"appo": ["Pong"], "impala": ["Pong"]}, "frames": 20_000_000,
+        "overrides": ["stop_at_return=19"]}))
+    # Episodes counted from 0. s0 reaches 0 at episode 30 (window 11-30: 9 x -21, 11 x +20),
+    # 30 x 4 min = 2h00m of run time, and +18 at episode 39 (window all +20), 38 x 4 min =
+    # 2h32m: the 2-hour stop before episode 35 is not counted. s1 (+15 after -21) reaches 0
+    # at episode 31 (8 x -21, 12 x +15), 2h04m, and never +18.
+    frames, returns, wall = pong_episodes(20.0)
+    wall[35:] += 7200.0
+    write_atari_run(archive, "appo", 0, "finished", (frames, returns, wall), eval_return=20.3)
+    write_atari_run(archive, "appo", 1, "finished", pong_episodes(15.0), eval_return=19.7)
+    write_atari_run(archive, "impala", 0, "failed", pong_episodes(-21.0, 16), exit_code=1)
+    report.main([str(archive)])
+    table = capsys.readouterr().out
+    # frames/s: 19.5M frames over 38 x 240 s (s0) and 39 x 240 s (s1): 2,138 and 2,083
+    assert row_of(table, "Pong", "appo") == [
+        "Pong", "appo", "atari_short_appo", "2/3",
+        "s0 15.5M frames, 2h00m; s1 16.0M frames, 2h04m; s2 missing",
+        "s0 20.0M frames, 2h32m; s1 not reached; s2 missing",
+        "s0 20.3, s1 19.7, s2 —", "20.0 (2 seeds)", "2,111",
+        "`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
+        "total_frames=20000000 stop_at_return=19`"]
+    assert row_of(table, "Pong", "impala")[3:9] == [
+        "0/3", "s0 not reached (failed at 8.0M frames); s1 missing; s2 missing",
+        "s0 not reached (failed at 8.0M frames); s1 missing; s2 missing",
+        "s0 —, s1 —, s2 —", "—", "2,083"]  # 7.5M frames over 15 x 240 s
+    assert table.splitlines()[0] == "### Atari: atari_runs"
+    # the README's markers take the table; a README without them is refused, untouched
+    readme, bare, png = tmp_path / "README.md", tmp_path / "BARE.md", tmp_path / "pong.png"
+    readme.write_text(f"# distrl\n\n{report_atari.BEGIN}\nold\n"
+                      f"{report_atari.END}\nkept\n")
+    report.main([str(archive), "--suite", "atari", "--readme-table", str(readme),
+                 "--png", str(png)])
+    assert readme.read_text() == (f"# distrl\n\n{report_atari.BEGIN}\n{table}"
+                                  f"{report_atari.END}\nkept\n")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bare.write_text("# distrl\n")
+    with pytest.raises(SystemExit, match="holds no <!-- atari-results:start --> ... "
+                                         "<!-- atari-results:end --> markers"):
+        report.main([str(archive), "--readme-table", str(bare)])
+    assert bare.read_text() == "# distrl\n"
+    with pytest.raises(SystemExit, match="holds the atari suite's grid"):
+        report.main([str(archive), "--suite", "minatar"])
+
+
+def test_a_finished_seeds_curve_holds_its_last_value_and_an_unfinished_one_stops():
+    """A finished run (one that met stop_at_return early, say) stays in the mean over seeds
+    at its last 20-episode mean; a run still going counts only as far as it got."""
+    def run(status: str, step: int, value: float) -> report_atari.AtariRun:
+        frames = np.arange(1, 21) * step
+        episodes = (frames, np.full(20, value), np.arange(20) * 60.0)
+        return report_atari.AtariRun(suite_runs.RunResult("appo", "Pong", 0, status),
+                                     episodes, [])
+
+    curves = report_atari.seed_curves([run("finished", 100, 1.0), run("unfinished", 50, 3.0)],
+                                      np.array([1000, 2000, 3000]))
+    np.testing.assert_array_equal(curves, [[np.nan, 1.0, 1.0], [3.0, np.nan, np.nan]])

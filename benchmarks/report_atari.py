@@ -1,0 +1,231 @@
+"""The Atari suite's report, for ``benchmarks/report.py DIR --suite atari``: per game and
+agent, the seeds finished, each seed's frames and run time to a 20-episode mean of 0 and
+of +18 (``curve.py --reach``'s figures), the evaluation return per seed and over seeds, the
+frames per second of run time and the run.py command; and the learning curves as a PNG (the
+20-episode mean over seeds as a line, their min-max as a band, the levels dashed).
+
+A run's episodes come from its event files, else from the ``episodes.csv`` that
+``reproduce.py`` keeps beside its summary.json (in the archive too), else the reach figures
+are the summary's own.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from attempt_record import read_episodes
+from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, run_time, trailing_mean
+from grid_plan import Run, run_overrides
+from report_cells import seeds_text
+from report_throughput import duration
+from suite import ATARI, EPISODES, GRID, SUMMARY, SuiteSpec, curve_at, read_json, run_name
+from suite_runs import RunResult, Suite, frames
+
+BEGIN, END = "<!-- atari-results:start -->", "<!-- atari-results:end -->"
+RUN_CMD = "python run.py"  # as the command column shows it
+
+
+@dataclass
+class AtariRun:
+    """One planned run: what the suite's collector read, its episodes and reach figures."""
+
+    result: RunResult
+    episodes: Episodes | None  # (frames, raw return, wall time) per episode
+    reach: list[dict]  # curve.reach_record's, one per level; [] when nothing tells
+
+    @property
+    def fps(self) -> float | None:
+        """Env frames per second of run time from the first episode to the last (gaps over
+        5 minutes left out, as in the reach times): one clock for every attempt, a run
+        started by hand included, whose wall time reproduce.py never recorded."""
+        if self.episodes is None or len(self.episodes[0]) < 2:
+            return None
+        episode_frames, _, wall = self.episodes
+        seconds = float(run_time(wall)[-1])
+        return (float(episode_frames[-1] - episode_frames[0]) / seconds if seconds > 0
+                else None)
+
+
+def episodes_of(run_dir: Path) -> Episodes | None:
+    """The run's episodes: its event files', else its ``episodes.csv``'s, else None."""
+    from_events = read_episodes(run_dir)
+    if from_events is not None:
+        return from_events
+    kept = run_dir / EPISODES
+    return episode_table(kept) if kept.is_file() else None
+
+
+def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> AtariRun:
+    """``result`` with its episodes (read from ``run_dir``) and the reach figures of each
+    level: from the episodes, else from its summary.json's ``reach``."""
+    episodes = episodes_of(run_dir) if run_dir.is_dir() else None
+    if episodes is not None:
+        return AtariRun(result, episodes, reach_record(*episodes, levels))
+    summary = read_json(run_dir / SUMMARY)
+    kept = ((summary.get("reach") or {}).get("levels", []) if isinstance(summary, dict)
+            else [])
+    by_level = {float(figure["level"]): figure for figure in kept}
+    reach = [by_level.get(float(level), {"level": float(level), "frames": None,
+                                         "run_time_s": None}) for level in levels]
+    return AtariRun(result, None, reach if kept else [])
+
+
+def atari_runs(suite: Suite, suite_dir: Path, levels: list[float]
+               ) -> dict[tuple[str, str], list[AtariRun]]:
+    """Every planned (agent, game) cell's runs, seed by seed, game by game."""
+    return {(agent, game): [read_atari_run(r, suite_dir / run_name(agent, game, r.seed), levels)
+                            for r in suite.cell(agent, game)]
+            for game in suite.games for agent in suite.agents if suite.is_planned(agent, game)}
+
+
+def level_text(level: float) -> str:
+    """``0``, ``+18``, ``-5``: a level of Pong's score as the table heads it."""
+    return f"{level:+g}" if level > 0 else f"{level:g}"
+
+
+def reach_text(run: AtariRun, index: int) -> str:
+    """One seed's figure in a reach column: ``s0 6.1M frames, 1h40m``, or why there is
+    none (not reached, unfinished, missing)."""
+    result = run.result
+    name = f"s{result.seed}"
+    if result.status == "missing":
+        return f"{name} missing"
+    if not run.reach:
+        return f"{name} — (no episodes kept)"
+    figure = run.reach[index]
+    if figure["frames"] is not None:
+        return f"{name} {frames(figure['frames'])}, {duration(figure['run_time_s'])}"
+    if result.status == "finished":
+        return f"{name} not reached"
+    return f"{name} not reached ({result.status} at {frames(result.frames)})"
+
+
+def eval_texts(runs: list[AtariRun]) -> tuple[str, str]:
+    """Each seed's evaluation return (``eval/return_mean``) and their mean over the finished
+    seeds that evaluated."""
+    per_seed = ", ".join(
+        f"s{r.result.seed} " + ("—" if r.result.eval_return is None
+                                else f"{r.result.eval_return:.1f}") for r in runs)
+    values = [r.result.eval_return for r in runs
+              if r.result.counted and r.result.eval_return is not None]
+    mean = f"{np.mean(values):.1f} ({seeds_text(len(values))})" if values else "—"
+    return per_seed, mean
+
+
+SEED_PLACEHOLDER = "<s>"
+
+
+def command_text(spec: SuiteSpec, agent: str, game: str, grid: dict) -> str | None:
+    """The run.py command of one seed of the cell (``seed=<s>``) in backticks, as the grid
+    asked for it (its budget and ``--set`` overrides), without where it logs; None without
+    a grid.json or for an agent the suite does not know."""
+    if "frames" not in grid or agent not in spec.agents:
+        return None
+    run = Run(agent, game, 0, Path(run_name(agent, game, 0)), spec)
+    words = [RUN_CMD]
+    for override in run_overrides(run, grid["frames"], grid.get("overrides", [])):
+        if override == f"seed={run.seed}":
+            words.append(f"seed={SEED_PLACEHOLDER}")
+        elif not override.startswith(("log.dir=", "log.name=")):
+            words.append(shlex.quote(override))
+    return f"`{' '.join(words)}`"
+
+
+def markdown(suite: Suite, suite_dir: Path, title: str, levels: list[float],
+             spec: SuiteSpec = ATARI) -> str:
+    """The suite's table, one row per game and agent, and what its columns mean."""
+    grid = read_json(suite_dir / GRID) or {}
+    heads = " | ".join(f"to {level_text(level)}: frames, run time" for level in levels)
+    lines = [
+        f"### Atari: {title}",
+        "",
+        f"Per seed, the first episode at which the mean raw return of the last {WINDOW} "
+        "episodes reaches each level: its env frames and the run time to it (wall time since "
+        f"the first episode, less every gap over {GAP_S / 60:g} minutes between two episodes, "
+        "when the run was stopped), as `benchmarks/curve.py --reach` finds them. Eval "
+        "return: `eval/return_mean` of the final policy; the mean is over the finished seeds. "
+        "Frames/s: env frames per second of run time from the first episode to the last, "
+        "median over the seeds with episodes.",
+        "",
+        f"| game | agent | preset | seeds | {heads} | eval return per seed "
+        "| eval return, mean | frames/s, median | command |",
+        "|---|---|---|---:|" + "---|" * len(levels) + "---|---:|---:|---|",
+    ]
+    for (agent, game), runs in atari_runs(suite, suite_dir, levels).items():
+        done = sum(r.result.counted for r in runs)
+        reach = " | ".join("; ".join(reach_text(r, i) for r in runs) for i in range(len(levels)))
+        per_seed, mean = eval_texts(runs)
+        speeds = [fps for fps in (r.fps for r in runs) if fps is not None]
+        fps = f"{np.median(speeds):,.0f}" if speeds else "—"
+        preset = spec.preset(agent) if agent in spec.agents else "—"
+        command = command_text(spec, agent, game, grid)
+        lines.append(f"| {game} | {agent} | {preset} | {done}/{len(runs)} | {reach} | "
+                     f"{per_seed} | {mean} | {fps} | {'—' if command is None else command} |")
+    return "\n".join(lines) + "\n"
+
+
+def has_curve(run: AtariRun) -> bool:
+    """Whether the run has the ``WINDOW`` episodes its first curve point needs."""
+    return run.episodes is not None and len(run.episodes[0]) >= WINDOW
+
+
+def seed_curves(runs: list[AtariRun], grid: np.ndarray) -> np.ndarray:
+    """Each run's 20-episode mean at ``grid`` (``[runs, points]``): NaN before its 20th
+    episode; past its last episode, NaN for a run not finished and its last value for a
+    finished one (a run that met ``stop_at_return`` ended there, it did not drop out)."""
+    end = int(grid[-1])
+    return np.stack([curve_at(r.episodes[0], trailing_mean(r.episodes[1]),
+                              end if r.result.status == "finished" else int(r.episodes[0][-1]),
+                              grid) for r in runs])
+
+
+def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
+         points: int = 400) -> None:
+    """One panel per game, one curve per agent: the mean over seeds of the 20-episode mean
+    return against env frames, the seeds' min-max as a band, each level dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = atari_runs(suite, suite_dir, levels)
+    panels = max(len(suite.games), 1)
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
+    colours = {agent: f"C{i}" for i, agent in enumerate(suite.agents)}
+    for ax, game in zip(axes.flat, suite.games, strict=False):
+        drawn = {agent: [r for r in cells.get((agent, game), []) if has_curve(r)]
+                 for agent in suite.agents}
+        end = max([int(r.episodes[0][-1]) for runs in drawn.values() for r in runs] + [1])
+        grid = np.linspace(0, end, points)
+        for agent, runs in drawn.items():
+            if not runs:
+                continue
+            values = seed_curves(runs, grid)
+            seen = ~np.all(np.isnan(values), axis=0)
+            mean, low, high = (np.full(points, np.nan) for _ in range(3))
+            mean[seen] = np.nanmean(values[:, seen], axis=0)
+            low[seen] = np.nanmin(values[:, seen], axis=0)
+            high[seen] = np.nanmax(values[:, seen], axis=0)
+            done = sum(r.result.counted for r in cells[agent, game])
+            ax.plot(grid, mean, color=colours[agent],
+                    label=f"{agent} (mean of {seeds_text(len(runs))}, {done} finished)")
+            ax.fill_between(grid, low, high, color=colours[agent], alpha=0.2, linewidth=0)
+        for level in levels:
+            ax.axhline(level, color="black", linestyle="--", linewidth=1)
+        if any(drawn.values()):
+            ax.legend(fontsize=8, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, f"no run has {WINDOW} episodes yet", transform=ax.transAxes,
+                    ha="center")
+        ax.set_xlim(left=0)
+        ax.set_title(f"{game}: band = min-max over seeds, dashed = "
+                     + ", ".join(level_text(level) for level in levels))
+        ax.set_xlabel("env frames")
+        ax.set_ylabel(f"raw return, mean of the last {WINDOW} episodes")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
