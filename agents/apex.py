@@ -33,21 +33,33 @@ from distrl.config import (
 from distrl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.models import DuelingQNet
 from distrl.replay.formats import NStepFormat
+from distrl.run_settings import Conventions
 from distrl.side_thread import SideThread
 from distrl.types import SampleBatch
 
 # ---------------------------------------------------------------- config
 
-# Atari: a lost life ends the learner's episode while the game goes on, the DQN convention
-# (Mnih et al. 2015) that Ape-X kept and R2D2 later disabled (Kapturowski et al. 2019,
-# Section 2: "compared to Ape-X, we ... disabled the loss-of-life-as-episode-end heuristic").
-TERMINAL_ON_LIFE_LOSS = True
+# Where a run leaves them open:
+# - on Atari a lost life ends the learner's episode while the game goes on, the DQN
+#   convention (Mnih et al. 2015) that Ape-X kept and R2D2 later disabled (Kapturowski et
+#   al. 2019, Section 2: "compared to Ape-X, we ... disabled the loss-of-life-as-episode-end
+#   heuristic");
+# - all 18 Atari actions (Kapturowski et al. 2019, Section 2.3: "Like Ape-X, we use
+#   4-frame-stacks and the full 18-action set");
+# - the final evaluation acts with epsilon 0.001. Horgan et al. 2018 name no evaluation
+#   epsilon; 0.001 is that of the baselines Ape-X is set beside (Rainbow, Hessel et al.
+#   2018; Dopamine's epsilon_eval) and of seed_rl's Atari R2D2 (eval_epsilon).
+CONVENTIONS = Conventions(terminal_on_life_loss=True, full_action_space=True,
+                          eval_epsilon=0.001)
 
 
 def apex_optimizer() -> OptimizerConfig:
     """Centered RMSProp, lr 0.00025 / 4, decay 0.95, eps 1.5e-7, no momentum, gradient
-    norms clipped to 40 (Horgan et al. 2018, Appendix C); the lr stays constant."""
-    return OptimizerConfig(name="rmsprop", lr=0.00025 / 4, lr_schedule="constant", alpha=0.95,
+    norms clipped to 40 (Horgan et al. 2018, Appendix C); the lr stays constant. These are
+    TensorFlow's RMSProp constants (``rmsprop_tf``): with torch's rule, which starts the
+    mean square at 0 and adds eps outside the root, the same numbers take steps tens to
+    hundreds of times larger at Ape-X's per-weight gradients (1e-6 to 1e-5)."""
+    return OptimizerConfig(name="rmsprop_tf", lr=0.00025 / 4, lr_schedule="constant", alpha=0.95,
                            eps=1.5e-7, momentum=0.0, centered=True, max_grad_norm=40.0)
 
 
@@ -248,6 +260,6 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     from distrl.replay_runner import train_replay_agent
     from distrl.run_settings import RunSettings
 
-    settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
+    settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
                               progress=progress)

@@ -31,13 +31,17 @@ from distrl.config import (
 )
 from distrl.models import ActorCriticNet, orthogonal_init_
 from distrl.queues import FieldSpec
+from distrl.run_settings import Conventions
 from distrl.types import Unroll
 
 # ---------------------------------------------------------------- config
 
-# Atari: a lost life ends the learner's episode while the game goes on (Table G.1: "end
-# of episode when life lost"); env.terminal_on_life_loss overrides it.
-TERMINAL_ON_LIFE_LOSS = True
+# Where a run leaves them open: on Atari a lost life ends the learner's episode while the
+# game goes on (Table G.1: "end of episode when life lost"); the single-game agents act on
+# each game's minimal action set (Section 5.3; the multi-task DMLab/Atari agents differ);
+# the final evaluation samples the policy, as the paper's scores do.
+CONVENTIONS = Conventions(terminal_on_life_loss=True, full_action_space=False,
+                          eval_epsilon=None)
 
 
 @dataclass
@@ -243,5 +247,5 @@ def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     from distrl.run_settings import RunSettings
     from distrl.unroll_runner import train_unroll_agent
 
-    settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
+    settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

@@ -32,20 +32,28 @@ from distrl.config import (
 from distrl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.models import RecurrentDuelingQNet, flatten_rnn_weights
 from distrl.replay.formats import SequenceFormat
+from distrl.run_settings import Conventions
 from distrl.side_thread import SideThread
 from distrl.types import SequenceSample
 
 # ---------------------------------------------------------------- config
 
-# Atari: only a game's end ends an episode; R2D2 disabled Ape-X's loss-of-life-as-episode-end
-# heuristic (Kapturowski et al. 2019, Section 2). env.terminal_on_life_loss overrides it.
-TERMINAL_ON_LIFE_LOSS = False
+# Where a run leaves them open: on Atari only a game's end ends an episode (R2D2 disabled
+# Ape-X's loss-of-life-as-episode-end heuristic, Kapturowski et al. 2019, Section 2); all
+# 18 actions (Section 2.3: "Like Ape-X, we use 4-frame-stacks and the full 18-action set");
+# the final evaluation acts with epsilon 0.001 (seed_rl's Atari R2D2, eval_epsilon; the
+# paper names none).
+CONVENTIONS = Conventions(terminal_on_life_loss=False, full_action_space=True,
+                          eval_epsilon=0.001)
 
 
 def r2d2_optimizer() -> OptimizerConfig:
-    """Adam, lr 1e-4, eps 1e-3 (Kapturowski et al. 2019, Table 2), constant lr. The paper
-    names no gradient clipping; the global norm is clipped at 40 as for the other agents."""
-    return OptimizerConfig(name="adam", lr=1e-4, lr_schedule="constant", eps=1e-3,
+    """Adam, lr 1e-4, eps 1e-3 (Kapturowski et al. 2019, Table 2), constant lr, as
+    TensorFlow runs it (``adam_tf``: eps added to the root of the raw second moment, which
+    damps the first few thousand updates more than torch's placement; seed_rl's R2D2 uses
+    Keras's Adam, the same rule). The paper names no gradient clipping; the global norm is
+    clipped at 40 as for the other agents and as seed_rl's R2D2 (clip_norm 40)."""
+    return OptimizerConfig(name="adam_tf", lr=1e-4, lr_schedule="constant", eps=1e-3,
                            max_grad_norm=40.0)
 
 
@@ -79,7 +87,9 @@ class R2D2Config:
     epsilon_base: float = 0.4  # the Ape-X ladder over every env of the run
     epsilon_exponent: float = 7.0
     actor_buffer: int = 40  # env steps per env between an actor's sends
-    weight_sync_steps: int = 100  # actor steps between weight pulls (400 frames)
+    # actor steps between weight pulls: Table 2's "actor parameter update interval: 400
+    # environment steps", an environment step being one agent step (4 frames)
+    weight_sync_steps: int = 400
     replay_ratio: float = 0.0  # sequences sampled per sequence inserted; 0: free running
     staleness_interval: int = 100  # updates between recurrent-state staleness measurements
     model: ModelConfig = field(default_factory=r2d2_model)
@@ -353,6 +363,6 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     from distrl.replay_runner import train_replay_agent
     from distrl.run_settings import RunSettings
 
-    settings = RunSettings.from_config(cfg, TERMINAL_ON_LIFE_LOSS)
+    settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
                               progress=progress)

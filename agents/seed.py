@@ -24,9 +24,10 @@ from distrl.config import (
     check_non_negative,
     check_positive,
 )
+from distrl.run_settings import Conventions
 
 LEARNERS = ("impala", "r2d2")
-LEARNER_AGENTS = {"impala": impala, "r2d2": r2d2}  # life loss as each learner's paper
+LEARNER_AGENTS = {"impala": impala, "r2d2": r2d2}  # CONVENTIONS: as each learner's paper
 
 
 @dataclass
@@ -67,6 +68,13 @@ class SeedConfig:
         check_device("agent.device", self.device)
 
 
+def conventions(agent: SeedConfig) -> Conventions:
+    """Life loss, action set and evaluation as the learner's paper has them: seed_rl's
+    Atari agents follow their learners (R2D2's full 18 actions, evaluation epsilon 0.001;
+    IMPALA's minimal sets, sampling)."""
+    return LEARNER_AGENTS[agent.learner].CONVENTIONS
+
+
 def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
     """Train SEED with a :class:`distrl.config.RunConfig` whose ``agent`` is SeedConfig:
     SEED-IMPALA through the unroll runner, SEED-R2D2 through the replay runner; only the
@@ -77,7 +85,7 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     from distrl.run_settings import RunSettings
 
     agent: SeedConfig = cfg.agent
-    settings = RunSettings.from_config(cfg, LEARNER_AGENTS[agent.learner].TERMINAL_ON_LIFE_LOSS)
+    settings = RunSettings.from_config(cfg, conventions(agent))
     inference = dict(inference=_inference_settings(agent))
     if agent.learner == "r2d2":
         from distrl.replay_runner import train_replay_agent

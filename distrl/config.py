@@ -361,13 +361,15 @@ class EvalConfig:
     (:mod:`distrl.evaluation`); logged under ``eval/`` and returned as ``eval_return``."""
 
     episodes: int = 0  # whole episodes, one per env, each env's first; 0: no evaluation
-    # The Q agents (apex, r2d2) act epsilon-greedily with this; 0 is greedy. IMPALA
-    # samples from its softmax policy and refuses another value.
-    epsilon: float = 0.0
+    # The Q agents (apex, r2d2) act epsilon-greedily with this; 0 is greedy. None: the
+    # agent's protocol (its CONVENTIONS: apex and r2d2 0.001; IMPALA samples from its
+    # softmax policy and refuses any value but 0).
+    epsilon: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_non_negative("eval.episodes", self.episodes)
-        check_unit_interval("eval.epsilon", self.epsilon)
+        if self.epsilon is not None:
+            check_unit_interval("eval.epsilon", self.epsilon)
 
 
 @dataclass

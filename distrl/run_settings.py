@@ -13,6 +13,25 @@ from omegaconf import OmegaConf
 
 from distrl import distributed
 from distrl.config import CheckpointConfig, DistributedConfig, EnvConfig, EvalConfig, LogConfig
+from distrl.minatar_envs import is_minatar
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """An agent's paper's choices for what a run's settings leave open (``None``): each
+    agent file declares its own (``CONVENTIONS``) with the source beside each value.
+
+    terminal_on_life_loss: on Atari a lost life ends the learner's episode.
+    full_action_space: on Atari under the DeepMind protocol, act on all 18 actions rather
+      than the game's minimal set (the Machado protocol and ``env.full_action_space``
+      decide where set; MinAtar and gymnasium ids keep their own).
+    eval_epsilon: the final evaluation acts epsilon-greedily with this; None: it samples
+      the agent's own policy (the actor-critic agents).
+    """
+
+    terminal_on_life_loss: bool = False
+    full_action_space: bool = False
+    eval_epsilon: float | None = None
 
 
 @dataclass
@@ -32,18 +51,27 @@ class RunSettings:
     evaluation: EvalConfig = dataclasses.field(default_factory=EvalConfig)  # after the run
 
     @classmethod
-    def from_config(cls, cfg: Any, terminal_on_life_loss: bool = False) -> RunSettings:
-        """The settings of a :class:`distrl.config.RunConfig` (typed or an OmegaConf node);
-        ``terminal_on_life_loss`` is the agent's paper's choice, taken where
-        ``env.terminal_on_life_loss`` is None."""
+    def from_config(cls, cfg: Any, conventions: Conventions | None = None) -> RunSettings:
+        """The settings of a :class:`distrl.config.RunConfig` (typed or an OmegaConf node),
+        with the agent's paper's ``conventions`` taken where the run leaves a choice open:
+        ``env.terminal_on_life_loss``, ``env.full_action_space`` (Atari, DeepMind protocol)
+        and ``eval.epsilon`` when they are None."""
+        conventions = conventions or Conventions()
         env = cfg.env if isinstance(cfg.env, EnvConfig) else OmegaConf.to_object(cfg.env)
         if env.terminal_on_life_loss is None:
-            env = dataclasses.replace(env, terminal_on_life_loss=terminal_on_life_loss)
+            env = dataclasses.replace(env, terminal_on_life_loss=conventions.terminal_on_life_loss)
+        if (env.full_action_space is None and env.protocol == "deepmind"
+                and not is_minatar(env.id)):
+            env = dataclasses.replace(env, full_action_space=conventions.full_action_space)
+        evaluation = (cfg.eval if isinstance(cfg.eval, EvalConfig)
+                      else OmegaConf.to_object(cfg.eval))
+        if evaluation.epsilon is None:
+            evaluation = dataclasses.replace(evaluation, epsilon=conventions.eval_epsilon)
         return cls(env=env, distributed=cfg.distributed, log=cfg.log,
                    checkpoint=cfg.checkpoint, seed=cfg.seed, total_frames=cfg.total_frames,
                    resume=cfg.resume, config_text=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
                    kernel=cfg.kernel, stop_at_return=cfg.stop_at_return,
-                   evaluation=cfg.eval)
+                   evaluation=evaluation)
 
     @property
     def envs_per_group(self) -> int:

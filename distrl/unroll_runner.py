@@ -139,10 +139,10 @@ def train_unroll_agent(
             f"agent.batch_size ({parts.batch_size}) must be a multiple of the envs per group, "
             f"distributed.envs_per_actor / distributed.env_groups = {per_group}"
         )
-    if settings.evaluation.epsilon != 0:
+    if settings.evaluation.epsilon not in (None, 0):
         raise ConfigError(f"eval.epsilon applies to the Q-learning agents (apex, r2d2); "
                           f"{parts.name} is evaluated sampling its own policy, so leave it "
-                          f"at 0, got {settings.evaluation.epsilon}")
+                          f"unset, got {settings.evaluation.epsilon}")
     kernel_line = check_kernel(settings)
     ranks = distributed.init_from_env(learner_ranks=settings.distributed.learner_ranks)
     try:

@@ -177,7 +177,7 @@ def test_paper_defaults():
     assert (cfg.priority_alpha, cfg.priority_beta, cfg.target_update_interval) == (0.6, 0.4, 2500)
     opt = cfg.optimizer
     assert (opt.name, opt.centered, opt.lr, opt.alpha, opt.eps, opt.max_grad_norm) == (
-        "rmsprop", True, 0.0000625, 0.95, 1.5e-7, 40.0)
+        "rmsprop_tf", True, 0.0000625, 0.95, 1.5e-7, 40.0)  # TF's rule (Appendix C's constants)
 
 
 def test_writer_to_buffer_rebuilds_the_envs_stacked_observations():

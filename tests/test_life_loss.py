@@ -352,17 +352,18 @@ def test_each_agent_takes_its_papers_life_loss_choice_unless_the_user_sets_one()
     import agents
     from agents.impala import ImpalaConfig
     from distrl.config import RunConfig
-    from distrl.run_settings import RunSettings
+    from distrl.run_settings import Conventions, RunSettings
 
-    assert {name: agents.get(name).TERMINAL_ON_LIFE_LOSS
+    assert {name: agents.get(name).CONVENTIONS.terminal_on_life_loss
             for name in ("impala", "apex", "r2d2")} == {"impala": True, "apex": True,
                                                         "r2d2": False}
     unset = RunConfig(agent=ImpalaConfig(), env=EnvConfig(id="Breakout"))
-    assert RunSettings.from_config(unset, True).env.terminal_on_life_loss is True
-    assert RunSettings.from_config(unset, False).env.terminal_on_life_loss is False
+    terminal, not_terminal = Conventions(terminal_on_life_loss=True), Conventions()
+    assert RunSettings.from_config(unset, terminal).env.terminal_on_life_loss is True
+    assert RunSettings.from_config(unset, not_terminal).env.terminal_on_life_loss is False
     chosen = RunConfig(agent=ImpalaConfig(),
                        env=EnvConfig(id="Breakout", terminal_on_life_loss=False))
-    assert RunSettings.from_config(chosen, True).env.terminal_on_life_loss is False
+    assert RunSettings.from_config(chosen, terminal).env.terminal_on_life_loss is False
 
 
 def test_episodic_life_is_refused_naming_the_setting_to_use():

@@ -258,7 +258,8 @@ def test_paper_defaults():
     assert (cfg.priority_eta, cfg.priority_alpha, cfg.priority_beta) == (0.9, 0.9, 0.6)
     assert (cfg.model.use_lstm, cfg.model.lstm_size, cfg.rescale_epsilon) == (True, 512, 1e-3)
     opt = cfg.optimizer
-    assert (opt.name, opt.lr, opt.eps, opt.lr_schedule) == ("adam", 1e-4, 1e-3, "constant")
+    assert (opt.name, opt.lr, opt.eps, opt.lr_schedule) == ("adam_tf", 1e-4, 1e-3, "constant")
+    assert cfg.weight_sync_steps == 400  # Table 2: actor parameter update every 400 steps
 
 
 def preset(tmp_path, name: str, *overrides: str):
