@@ -25,6 +25,7 @@ from suite import (
     read_attempts,
     read_json,
     run_name,
+    same_settings,
     suite_of_grid,
 )
 
@@ -128,7 +129,7 @@ def differences(done: dict[str, Any], run: Run, args: argparse.Namespace) -> str
     if done.get("frames_target") != args.frames:
         notes.append(f"its budget was {done.get('frames_target')} frames, not {args.frames}")
     preset, now = run.suite.preset(run.agent), preset_fingerprint(run.agent, run.suite)
-    if done.get("preset_sha") is not None and done["preset_sha"] != now:
+    if done.get("preset_sha") is not None and not same_settings(preset, done["preset_sha"], now):
         notes.append(f"it ran with other settings of {preset} (fingerprint "
                      f"{done['preset_sha']}, today {now})")
     return "".join(f"; {note}" for note in notes) + (": move it away to rerun it"

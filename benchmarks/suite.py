@@ -125,6 +125,24 @@ def run_name(agent: str, game: str, seed: int) -> str:
     return f"{agent}-{game}-s{seed}"
 
 
+# Earlier fingerprints of a preset whose settings, as the run saw them, equal today's: the
+# preset has since come to name a value that was the agent's default when those runs ran,
+# because the default moved. preset -> {fingerprint: what the preset now names}.
+SAME_SETTINGS_AS_TODAY: dict[str, dict[str, str]] = {
+    "minatar_apex": {"f5234848dd8e": "torch's RMSProp and greedy evaluation, Ape-X's "
+                                     "defaults until 2026-11-27"},
+    "minatar_r2d2": {"b28a346b59fd": "torch's Adam, weight pulls every 100 steps and greedy "
+                                     "evaluation, R2D2's defaults until 2026-11-27"},
+    "minatar_seed_r2d2": {"2d455160bad6": "torch's Adam and greedy evaluation, R2D2's "
+                                          "defaults until 2026-11-27"},
+}
+
+
+def same_settings(preset: str, fingerprint: str, today: str | None) -> bool:
+    """Whether a run recorded with ``fingerprint`` ran with today's settings of ``preset``."""
+    return fingerprint == today or fingerprint in SAME_SETTINGS_AS_TODAY.get(preset, {})
+
+
 def preset_fingerprint(agent: str, spec: SuiteSpec = MINATAR) -> str | None:
     """The first 12 hex digits of the SHA-256 of ``agent``'s preset in ``spec``'s suite as
     parsed: its settings, not its comments or layout. A finished run records it, so a run

@@ -584,6 +584,40 @@ def test_a_finished_run_of_other_preset_settings_is_named_when_skipped(
     assert json.loads((archive / "impala-Breakout-s0" / suite.SUMMARY).read_text()) == kept
 
 
+def test_a_run_whose_preset_came_to_name_its_default_is_skipped_without_a_note(
+        tmp_path, monkeypatch, capsys):
+    """A default that moved into the preset (SAME_SETTINGS_AS_TODAY) is not another
+    setting: the runs made under the old text ran with today's settings."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    preset = presets / "minatar_impala.yaml"
+    preset.write_text("# @package _global_\nagent:\n  passes: 4\n")
+    monkeypatch.setattr(suite, "PRESETS", presets)
+    archive = tmp_path / "archive"
+    assert reproduce.main(grid_args(tmp_path / "out", "--archive", str(archive),
+                                    agents=("impala",), seeds=("0",))) == 0
+    old = json.loads((archive / "impala-Breakout-s0" / suite.SUMMARY).read_text())["preset_sha"]
+    preset.write_text("# @package _global_\nagent:\n  passes: 4\n  vtrace_lambda: 1.0\n")
+    monkeypatch.setattr(suite, "SAME_SETTINGS_AS_TODAY",
+                        {"minatar_impala": {old: "vtrace_lambda 1.0, the default then"}})
+    capsys.readouterr()
+    assert reproduce.main(grid_args(tmp_path / "fresh", "--archive", str(archive),
+                                    agents=("impala",), seeds=("0",))) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        f"({archive / 'impala-Breakout-s0' / suite.SUMMARY})")
+
+
+def test_every_archived_minatar_run_of_the_replay_agents_ran_with_todays_settings():
+    """The committed suite's Ape-X, R2D2 and SEED-R2D2 runs: their preset's fingerprint is
+    today's, or one listed as the same settings (the defaults that moved into the preset)."""
+    archive = Path(__file__).resolve().parents[1] / "benchmarks" / "minatar_runs"
+    for agent in ("apex", "r2d2", "seed_r2d2"):
+        preset, today = suite.MINATAR.preset(agent), suite.preset_fingerprint(agent)
+        for path in sorted(archive.glob(f"{agent}-*/{suite.SUMMARY}")):
+            recorded = json.loads(path.read_text())["preset_sha"]
+            assert suite.same_settings(preset, recorded, today), path
+
+
 def test_failed_run_sets_the_exit_code_and_is_retried_from_its_checkpoint(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAKE_FAIL", "apex-Breakout-s1")
