@@ -34,9 +34,18 @@ LEARNER_AGENTS = {"impala": impala, "r2d2": r2d2}  # CONVENTIONS: as each learne
 class SeedConfig:
     """SEED settings: the learner's own config plus the inference server's.
 
-    SEED's runs keep their learner's hyperparameters (Espeholt et al. 2020, Appendix A),
-    so ``agent.impala`` holds IMPALA's Table G.1 defaults and ``agent.r2d2`` R2D2's
-    Table 2; only the one ``agent.learner`` names is used.
+    ``agent.impala`` holds IMPALA's Table G.1 defaults and ``agent.r2d2`` R2D2's Table 2
+    (Kapturowski et al. 2019); only the one ``agent.learner`` names is used, so SEED against
+    the plain agent compares the topology alone. That is a choice: seed_rl's own Atari
+    R2D2 (``seed_rl/atari/config.py`` flags) differs from Table 2 in Adam's lr (4.8e-4,
+    here 1e-4), its unrolls (100 trained steps after a 40-step burn-in, a new one every
+    100 steps; here 80 after 40, a new one every 40) and a replay ratio of 1.5 (here the
+    learner runs free). It agrees on TF's Adam rule with eps 1e-3, gradient norm 40, target
+    updates every 2,500 steps, the full 18 actions and evaluation epsilon 0.001 (the last
+    two through R2D2's CONVENTIONS). seed_rl's settings are ``agent.r2d2.optimizer.lr=
+    0.00048 agent.r2d2.trace_length=100 agent.r2d2.overlap=0 agent.r2d2.replay_ratio=1.5``.
+    Actors never pull weights under SEED (inference runs on the server), so
+    ``agent.r2d2.weight_sync_steps`` does not apply.
     """
 
     name: str = "seed"
