@@ -285,7 +285,8 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "MinAtar-Seaquest, MinAtar-SpaceInvaders, Pong"),
     (("+experiment=nope",),
      "In 'config': Could not find 'experiment/nope'; available options: apex_cartpole, "
-     "atari_short_appo, atari_short_impala, atari_short_seed, atari_short_seed_appo, "
+     "atari_short_apex, atari_short_appo, atari_short_impala, atari_short_r2d2, "
+     "atari_short_seed, atari_short_seed_appo, atari_short_seed_r2d2, "
      "minatar_apex, minatar_impala, minatar_r2d2, "
      "minatar_seed, minatar_seed_r2d2, r2d2_cartpole, seed_r2d2_cartpole"),
     (("seed=[",), "cannot parse the override 'seed=[': no viable alternative at input '['"),

@@ -521,7 +521,7 @@ def test_the_server_thread_runs_on_its_own_torch_thread_count(intra_op_threads):
 
 def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(tmp_path):
     """SEED's short-budget Atari preset trains IMPALA's learner with exactly the settings of
-    atari_short_impala (batch, passes, optimizer), on the same game, budget and evaluation,
+    atari_short_impala (batch, initialisation, optimizer), on the same game, budget and evaluation,
     so the two Pong runs compare like with like."""
     seed_cfg = compose_preset(tmp_path, "atari_short_seed", "a")
     plain_cfg = compose_preset(tmp_path, "atari_short_impala", "b")
@@ -529,7 +529,18 @@ def test_atari_short_seed_preset_is_atari_short_impala_behind_central_inference(
     assert seed_cfg.env == plain_cfg.env and seed_cfg.env.id == "Pong"
     assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
     assert dataclasses.asdict(seed_cfg.agent.impala) == dataclasses.asdict(plain_cfg.agent)
-    assert plain_cfg.agent.passes == 2  # what the preset is for: more updates per frame
+    assert (plain_cfg.agent.passes, plain_cfg.agent.ppo_clip) == (1, None)  # IMPALA's own loss
+
+
+def test_atari_short_seed_r2d2_preset_is_atari_short_r2d2_behind_central_inference(tmp_path):
+    """SEED-R2D2's Atari preset trains R2D2's learner with exactly atari_short_r2d2's
+    settings, on the same game, budget and evaluation."""
+    seed_cfg = compose_preset(tmp_path, "atari_short_seed_r2d2", "a")
+    plain_cfg = compose_preset(tmp_path, "atari_short_r2d2", "b")
+    assert seed_cfg.agent.learner == "r2d2"
+    assert seed_cfg.env == plain_cfg.env and seed_cfg.env.id == "Pong"
+    assert (seed_cfg.total_frames, seed_cfg.eval) == (plain_cfg.total_frames, plain_cfg.eval)
+    assert dataclasses.asdict(seed_cfg.agent.r2d2) == dataclasses.asdict(plain_cfg.agent)
 
 
 def test_atari_short_seed_appo_preset_is_atari_short_appo_behind_central_inference(tmp_path):
