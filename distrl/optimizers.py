@@ -17,7 +17,37 @@ from typing import Any
 import torch
 
 
-class RMSpropTF(torch.optim.Optimizer):
+class _ForeachOptimizer(torch.optim.Optimizer):
+    """Steps each parameter group as one batch of ``_foreach`` kernels per (device, dtype),
+    as torch's foreach optimizers do; subclasses write the update (``_update``)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        name = type(self).__name__
+        for group in self.param_groups:
+            buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if param.grad.is_sparse:
+                    raise RuntimeError(f"{name} does not support sparse gradients")
+                if torch.is_complex(param):
+                    raise RuntimeError(f"{name} does not support complex parameters")
+                buckets.setdefault((param.device, param.dtype), []).append(param)
+            for params in buckets.values():
+                self._update(params, group)
+        return loss
+
+    def _update(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class RMSpropTF(_ForeachOptimizer):
     """RMSProp with TensorFlow 1's update (``tf.train.RMSPropOptimizer``, kernels
     ``ApplyRMSProp`` and ``ApplyCenteredRMSProp``), per element of each parameter:
 
@@ -73,28 +103,6 @@ class RMSpropTF(torch.optim.Optimizer):
             group.setdefault("momentum", 0.0)
             group.setdefault("centered", False)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            # One batch of _foreach kernels per (device, dtype), as torch's foreach optimizers.
-            buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("RMSpropTF does not support sparse gradients")
-                if torch.is_complex(param):
-                    raise RuntimeError("RMSpropTF does not support complex parameters")
-                buckets.setdefault((param.device, param.dtype), []).append(param)
-            for params in buckets.values():
-                self._update(params, group)
-        return loss
-
     def _update(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
         momentum, centered = group["momentum"], group["centered"]
@@ -132,7 +140,7 @@ class RMSpropTF(torch.optim.Optimizer):
             torch._foreach_addcdiv_(params, grads, denoms, value=-lr)
 
 
-class AdamTF(torch.optim.Optimizer):
+class AdamTF(_ForeachOptimizer):
     """Adam with TensorFlow's update (``tf.compat.v1.train.AdamOptimizer``, kernel
     ``ApplyAdam``, and ``tf.keras.optimizers.Adam``: the same update), per element of each
     parameter, with ``t`` the parameter's update count:
@@ -183,28 +191,6 @@ class AdamTF(torch.optim.Optimizer):
         _check_range("AdamTF", "eps", eps, lower=0.0)
         defaults = dict(lr=lr, betas=(float(betas[0]), float(betas[1])), eps=eps)
         super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient; returns ``closure()`` if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            # One batch of _foreach kernels per (device, dtype), as torch's foreach optimizers.
-            buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("AdamTF does not support sparse gradients")
-                if torch.is_complex(param):
-                    raise RuntimeError("AdamTF does not support complex parameters")
-                buckets.setdefault((param.device, param.dtype), []).append(param)
-            for params in buckets.values():
-                self._update(params, group)
-        return loss
 
     def _update(self, params: list[torch.Tensor], group: dict[str, Any]) -> None:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
