@@ -381,7 +381,7 @@ def test_unknown_env_id_names_field_and_examples(capsys: pytest.CaptureFixture[s
      "distributed.slots (1) must be at least one batch (1) plus one per env group (1)"),
     (("eval.epsilon=0.1",),
      "eval.epsilon applies to the Q-learning agents (apex, r2d2); impala is evaluated "
-     "sampling its own policy, so leave it at 0, got 0.1"),
+     "sampling its own policy, so leave it unset, got 0.1"),
 ])
 def test_contradicting_settings_are_one_line(capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path, overrides: tuple[str, ...],
