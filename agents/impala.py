@@ -71,6 +71,10 @@ class ImpalaConfig:
     # Scale A (or V-trace's pg advantages) to zero mean and unit variance over each batch,
     # as PPO's implementations do; the paper does not.
     normalize_advantages: bool = False
+    # Every this many updates, log the norm of each loss term's gradient on the torso
+    # (grad/torso_policy, grad/torso_value, grad/torso_entropy): which term shapes the
+    # shared features. 0: never. Costs three extra backward passes when it measures.
+    term_gradients_interval: int = 100
     model: ModelConfig = field(default_factory=ModelConfig)
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
@@ -91,6 +95,7 @@ class ImpalaConfig:
                 check_positive(f"agent.{name}", getattr(self, name))
         check_unit_interval("agent.vtrace_lambda", self.vtrace_lambda)
         check_count("agent.passes", self.passes)
+        check_non_negative("agent.term_gradients_interval", self.term_gradients_interval)
         if self.ppo_clip is not None and not 0.0 < self.ppo_clip < 1.0:
             raise ConfigError(f"agent.ppo_clip must be in (0, 1) or null, got {self.ppo_clip!r}")
         if not isinstance(self.normalize_advantages, bool):
@@ -161,6 +166,7 @@ def loss_fn(
     kernel: str = "auto",
     ppo_clip: float | None = None,
     normalize_advantages: bool = False,
+    measure_terms: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float], None]:
     """IMPALA loss (Section 4.2): V-trace policy gradient + baseline_cost * value loss
     - entropy_cost * entropy, summed over the ``[T, B]`` unroll.
@@ -170,6 +176,8 @@ def loss_fn(
     actor and is reset where the previous step ended an episode. ``ppo_clip`` swaps the
     policy term for PPO's clipped surrogate on V-trace's advantages (APPO, see
     :class:`ImpalaConfig`); ``normalize_advantages`` standardises them over the batch.
+    ``measure_terms`` adds each weighted term's gradient norm on the torso
+    (:func:`torso_gradient_norms`).
     """
     first = torch.zeros_like(unroll.dones[:1])
     resets = torch.cat([first, unroll.dones], dim=0)  # [T+1, B]: observations[t] starts anew
@@ -212,7 +220,40 @@ def loss_fn(
     }
     if ppo_clip is not None:
         metrics["policy/clip_fraction"] = clipped.float().mean().item()
+    if measure_terms:
+        metrics.update(torso_gradient_norms(model, {
+            "policy": pg_loss, "value": baseline_cost * value_loss,
+            "entropy": entropy_cost * entropy_loss}))
     return total, metrics, None
+
+
+def torso_gradient_norms(model: nn.Module, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``grad/torso_<name>``: the global L2 norm of each weighted loss term's gradient on the
+    torso's weights, the features policy and value share; the graph is kept for the
+    learner's own backward pass, so the update is unchanged."""
+    torso = getattr(model, "module", model).torso
+    weights = [w for w in torso.parameters() if w.requires_grad]
+    norms = {}
+    for name, term in terms.items():
+        grads = torch.autograd.grad(term, weights, retain_graph=True, allow_unused=True)
+        squares = [g.detach().double().square().sum() for g in grads if g is not None]
+        norms[f"grad/torso_{name}"] = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+    return norms
+
+
+class ImpalaLoss:
+    """:func:`loss_fn` with the term gradients measured every ``interval`` calls (0: never)."""
+
+    def __init__(self, interval: int, **settings: Any) -> None:
+        self.interval = interval
+        self.settings = settings
+        self.calls = 0
+
+    def __call__(self, model: nn.Module, unroll: Unroll) -> tuple[torch.Tensor,
+                                                                  dict[str, float], None]:
+        measure = self.interval > 0 and self.calls % self.interval == 0
+        self.calls += 1
+        return loss_fn(model, unroll, measure_terms=measure, **self.settings)
 
 
 # ---------------------------------------------------------------- parts and run
@@ -226,8 +267,8 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
         name="impala",
         make_model=functools.partial(make_network, model=cfg.model),
         make_policy=ImpalaPolicy,
-        loss_fn=functools.partial(
-            loss_fn, discount=cfg.discount, baseline_cost=cfg.baseline_cost,
+        loss_fn=ImpalaLoss(
+            cfg.term_gradients_interval, discount=cfg.discount, baseline_cost=cfg.baseline_cost,
             entropy_cost=cfg.entropy_cost, reward_clipping=cfg.reward_clipping,
             clip_rho_threshold=cfg.clip_rho_threshold, clip_c_threshold=cfg.clip_c_threshold,
             clip_pg_rho_threshold=cfg.clip_pg_rho_threshold, vtrace_lambda=cfg.vtrace_lambda,

@@ -80,6 +80,48 @@ def test_loss_on_policy_reduces_to_actor_critic(kernel):
     assert loss.item() == pytest.approx(expected_pg + 0.5 * expected_baseline, rel=1e-5)
 
 
+def test_term_gradient_norms_on_the_torso_match_separate_backward_passes():
+    """grad/torso_<term> is the norm of that weighted term's own gradient on the torso
+    (measured term by term with separate backward passes here), and measuring leaves the
+    update's gradient unchanged; ImpalaLoss measures on calls 0, k, 2k, ..."""
+    torch.manual_seed(1)
+    model = impala.make_network((3,), 2, ModelConfig(torso="mlp", hidden_size=8))
+    unroll = Unroll(torch.randn(4, 2, 3), torch.tensor([[1, 0], [0, 1], [1, 1]]),
+                    torch.randn(3, 2), torch.zeros(3, 2, dtype=torch.bool),
+                    torch.randn(3, 2, 2), torch.zeros(3, 2, dtype=torch.long), ())
+    settings = dict(discount=0.9, baseline_cost=0.5, entropy_cost=0.01, reward_clipping="none",
+                    clip_rho_threshold=1.0, clip_c_threshold=1.0, clip_pg_rho_threshold=1.0,
+                    vtrace_lambda=1.0)
+    torso = list(model.torso.parameters())
+
+    def torso_grad_norm(loss):
+        model.zero_grad()
+        loss.backward()
+        return float(torch.sqrt(sum(p.grad.double().square().sum() for p in torso)))
+
+    def weighted(baseline_cost, entropy_cost):
+        return impala.loss_fn(model, unroll, **{**settings, "baseline_cost": baseline_cost,
+                                                "entropy_cost": entropy_cost})[0]
+
+    alone = {"policy": torso_grad_norm(weighted(0.0, 0.0)),
+             "value": torso_grad_norm(weighted(0.5, 0.0) - weighted(0.0, 0.0)),
+             "entropy": torso_grad_norm(weighted(0.0, 0.01) - weighted(0.0, 0.0))}
+    loss, measured, _ = impala.loss_fn(model, unroll, **settings, measure_terms=True)
+    for name in alone:
+        assert measured[f"grad/torso_{name}"] == pytest.approx(alone[name], rel=1e-5)
+    model.zero_grad()
+    loss.backward()
+    measured_grads = [p.grad.clone() for p in model.parameters()]
+    plain, _, _ = impala.loss_fn(model, unroll, **settings)
+    model.zero_grad()
+    plain.backward()
+    for got, want in zip(measured_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.equal(got, want)
+    periodic = impala.ImpalaLoss(2, **settings)
+    measured_calls = ["grad/torso_value" in periodic(model, unroll)[1] for _ in range(5)]
+    assert measured_calls == [True, False, True, False, True]
+
+
 def test_loss_resets_core_state_where_the_previous_step_ended_an_episode():
     """dones[t] (observations[t+1] starts anew) must become resets[t+1] for the core."""
     torch.manual_seed(0)
