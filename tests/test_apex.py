@@ -180,6 +180,24 @@ def test_paper_defaults():
         "rmsprop_tf", True, 0.0000625, 0.95, 1.5e-7, 40.0)  # TF's rule (Appendix C's constants)
 
 
+def test_default_optimizers_follow_tensorflows_rules():
+    """Ape-X's learner gets TF's centered RMSProp and R2D2's TF's Adam, the rules whose
+    constants the papers publish (Horgan et al. 2018, Appendix C; Kapturowski et al. 2019,
+    Table 2), built as the learner builds them."""
+    from agents.r2d2 import R2D2Config
+    from distrl.learner_rank import optimizer_for
+    from distrl.optimizers import AdamTF, RMSpropTF
+
+    model = torch.nn.Linear(3, 2)
+    apex_optimizer = optimizer_for(model, ApexConfig().optimizer)
+    assert isinstance(apex_optimizer, RMSpropTF)
+    group = apex_optimizer.param_groups[0]
+    assert (group["centered"], group["alpha"], group["eps"]) == (True, 0.95, 1.5e-7)
+    r2d2_optimizer = optimizer_for(model, R2D2Config().optimizer)
+    assert isinstance(r2d2_optimizer, AdamTF)
+    assert r2d2_optimizer.param_groups[0]["eps"] == 1e-3
+
+
 def test_writer_to_buffer_rebuilds_the_envs_stacked_observations():
     """Atari-like stacks through NStepWriter into the replay, past both rings' wrap-around:
     every sampled observation equals the stack the env showed at that step."""
