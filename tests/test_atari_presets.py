@@ -12,6 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from presets import compose_preset, compose_run
 
+from distrl.resume_settings import leaves
+
 PRESETS = Path(__file__).resolve().parents[1] / "experiments" / "experiment"
 # preset -> the run.py overrides that give its agent's defaults on the same game
 ATARI_PRESETS = {
@@ -35,17 +37,9 @@ def named_fields(preset: str, label: str) -> list[str]:
     return fields
 
 
-def leaves(config: Any, prefix: str = "") -> dict[str, Any]:
-    """Every leaf of a composed RunConfig by its dotted name."""
-    tree = OmegaConf.to_container(OmegaConf.structured(config)) if not prefix else config
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(leaves(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
+def settings_of(config: Any) -> dict[str, Any]:
+    """Every setting of a composed RunConfig by its dotted name."""
+    return leaves(OmegaConf.to_container(OmegaConf.structured(config)))
 
 
 def test_every_short_atari_preset_is_checked():
@@ -54,8 +48,8 @@ def test_every_short_atari_preset_is_checked():
 
 @pytest.mark.parametrize("preset", sorted(ATARI_PRESETS))
 def test_preset_names_the_papers_settings_and_every_change(tmp_path, preset):
-    chosen = leaves(compose_preset(tmp_path, preset, "preset"))
-    defaults = leaves(compose_run(tmp_path, "defaults", *ATARI_PRESETS[preset], "env=Pong"))
+    chosen = settings_of(compose_preset(tmp_path, preset, "preset"))
+    defaults = settings_of(compose_run(tmp_path, "defaults", *ATARI_PRESETS[preset], "env=Pong"))
     paper, changed = named_fields(preset, "paper"), named_fields(preset, "changed")
     assert paper and changed, f"{preset} names no paper's or no changed settings"
     for name in paper + changed:
