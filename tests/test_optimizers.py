@@ -198,8 +198,14 @@ def test_state_dict_round_trip_continues_bit_exactly() -> None:
     _assert_continues_identically(model, optimizer, resumed_model, resumed, data)
 
 
-def test_parameters_of_two_dtypes_update_as_if_alone() -> None:
+def _rmsprop_tf_momentum(params) -> RMSpropTF:
     lr, alpha, eps, momentum, centered = SETTINGS["apex_momentum"]
+    return RMSpropTF(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum, centered=centered)
+
+
+@pytest.mark.parametrize("make", [_rmsprop_tf_momentum, lambda params: _adam_tf(params, "r2d2")],
+                         ids=["rmsprop_tf", "adam_tf"])
+def test_parameters_of_two_dtypes_update_as_if_alone(make) -> None:
     torch.manual_seed(0)
     values = [torch.randn(4, dtype=torch.float64), torch.randn(3, dtype=torch.float32)]
     grads = [[torch.randn(4, dtype=torch.float64), torch.randn(3, dtype=torch.float32)]
@@ -207,8 +213,7 @@ def test_parameters_of_two_dtypes_update_as_if_alone() -> None:
 
     def run(indices: list[int]) -> list[torch.Tensor]:
         params = [values[i].clone().requires_grad_() for i in indices]
-        optimizer = RMSpropTF(params, lr=lr, alpha=alpha, eps=eps, momentum=momentum,
-                              centered=centered)
+        optimizer = make(params)
         for step_grads in grads:
             for param, i in zip(params, indices, strict=True):
                 param.grad = step_grads[i].clone()
@@ -419,27 +424,6 @@ def test_adam_tf_state_dict_round_trip_continues_bit_exactly() -> None:
     assert resumed.param_groups[0]["betas"] == (0.9, 0.999)
 
     _assert_continues_identically(model, optimizer, resumed_model, resumed, data)
-
-
-def test_adam_tf_parameters_of_two_dtypes_update_as_if_alone() -> None:
-    torch.manual_seed(0)
-    values = [torch.randn(4, dtype=torch.float64), torch.randn(3, dtype=torch.float32)]
-    grads = [[torch.randn(4, dtype=torch.float64), torch.randn(3, dtype=torch.float32)]
-             for _ in range(NUM_STEPS)]
-
-    def run(indices: list[int]) -> list[torch.Tensor]:
-        params = [values[i].clone().requires_grad_() for i in indices]
-        optimizer = _adam_tf(params, "r2d2")
-        for step_grads in grads:
-            for param, i in zip(params, indices, strict=True):
-                param.grad = step_grads[i].clone()
-            optimizer.step()
-        return [param.detach() for param in params]
-
-    together = run([0, 1])
-    assert torch.equal(together[0], run([0])[0])
-    assert torch.equal(together[1], run([1])[0])
-    assert together[1].dtype == torch.float32
 
 
 def test_adam_tf_skips_a_parameter_without_a_gradient() -> None:
