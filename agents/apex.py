@@ -20,6 +20,7 @@ from torch import nn
 from distrl import losses
 from distrl.actor import PolicyOutput
 from distrl.config import (
+    PRECISIONS,
     ConfigError,
     ModelConfig,
     OptimizerConfig,
@@ -92,6 +93,10 @@ class ApexConfig:
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
     device: str = "auto"
+    # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
+    # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
+    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=apex_optimizer)
 
     def __post_init__(self) -> None:
@@ -114,6 +119,7 @@ class ApexConfig:
         check_non_negative("agent.epsilon_exponent", self.epsilon_exponent)
         check_choice("agent.reward_clipping", self.reward_clipping, losses.REWARD_CLIPPING)
         check_device("agent.device", self.device)
+        check_choice("agent.precision", self.precision, PRECISIONS)
         if self.model.init != "default":
             raise ConfigError(
                 f"agent.model.init must be default for apex (its Q-network keeps PyTorch's "
@@ -251,6 +257,7 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
         replay_ratio=cfg.replay_ratio,
         optimizer=cfg.optimizer,
         device=cfg.device,
+        precision=cfg.precision,
     )
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from distrl import losses, vtrace
 from distrl.actor import PolicyOutput
 from distrl.config import (
+    PRECISIONS,
     ConfigError,
     ModelConfig,
     OptimizerConfig,
@@ -79,6 +80,10 @@ class ImpalaConfig:
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
     device: str = "auto"
+    # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
+    # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
+    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
     def __post_init__(self) -> None:
@@ -102,6 +107,7 @@ class ImpalaConfig:
             raise ConfigError("agent.normalize_advantages must be true or false, got "
                               f"{self.normalize_advantages!r}")
         check_device("agent.device", self.device)
+        check_choice("agent.precision", self.precision, PRECISIONS)
 
 
 # ---------------------------------------------------------------- network
@@ -279,6 +285,7 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
         batch_size=cfg.batch_size,
         optimizer=cfg.optimizer,
         device=cfg.device,
+        precision=cfg.precision,
         passes=cfg.passes,
     )
 

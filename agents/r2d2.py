@@ -21,9 +21,11 @@ import torch
 from distrl import losses
 from distrl.actor import PolicyOutput
 from distrl.config import (
+    PRECISIONS,
     ConfigError,
     ModelConfig,
     OptimizerConfig,
+    check_choice,
     check_count,
     check_device,
     check_non_negative,
@@ -96,6 +98,10 @@ class R2D2Config:
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
     device: str = "auto"
+    # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
+    # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
+    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=r2d2_optimizer)
 
     def __post_init__(self) -> None:
@@ -112,6 +118,7 @@ class R2D2Config:
                      "epsilon_base"):
             check_unit_interval(f"agent.{name}", getattr(self, name))
         check_device("agent.device", self.device)
+        check_choice("agent.precision", self.precision, PRECISIONS)
         if self.model.init != "default":
             raise ConfigError(
                 f"agent.model.init must be default for r2d2 (its Q-network keeps PyTorch's "
@@ -354,6 +361,7 @@ def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
         replay_ratio=cfg.replay_ratio,
         optimizer=cfg.optimizer,
         device=cfg.device,
+        precision=cfg.precision,
     )
 
 

@@ -42,6 +42,7 @@ class UnrollAgentParts:
     batch_size: int
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
+    precision: str = "float32"  # the learner update's arithmetic: float32 or bfloat16 (mixed)
     # Where this agent's settings sit in the config, for messages naming one of them
     # (SEED nests its learner's under agent.impala / agent.r2d2).
     settings_path: str = "agent"
@@ -81,6 +82,7 @@ class ReplayAgentParts:
     replay_ratio: float  # samples per inserted item; 0: uncapped (1 in one process)
     optimizer: OptimizerConfig
     device: str = "cpu"  # where the learner trains: auto, cpu, cuda, cuda:N (SEED: inference too)
+    precision: str = "float32"  # the learner update's arithmetic: float32 or bfloat16 (mixed)
     # Where this agent's settings sit in the config, for messages naming one of them
     # (SEED nests its learner's under agent.impala / agent.r2d2).
     settings_path: str = "agent"

@@ -182,6 +182,9 @@ class EnvConfig:
 
 
 OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam", "adam_tf")
+# The learner update's arithmetic (``agent.precision``): float32 throughout, or bfloat16
+# mixed precision (:class:`distrl.learner.Learner`).
+PRECISIONS = ("float32", "bfloat16")
 LR_SCHEDULES = ("linear", "constant")
 
 

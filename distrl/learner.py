@@ -6,6 +6,7 @@ priorities)``. Also the optimizers and learning-rate schedules the papers use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distrl.config import ConfigError
+from distrl.config import PRECISIONS, ConfigError
 from distrl.optimizers import AdamTF, RMSpropTF
 from distrl.weights import WeightStore
 
@@ -158,6 +159,23 @@ def pin_for(batch: Any, device: torch.device) -> Any:
     return _map_tensors(batch, lambda t: t if t.device.type != "cpu" else t.pin_memory())
 
 
+def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Where a learner computes its loss: ``float32`` as is; ``bfloat16`` under
+    ``torch.autocast``, so convolutions, matrix products and the LSTM take bfloat16 inputs
+    and accumulate in float32 (oneDNN with AVX512-BF16 or AMX on a CPU, tensor cores on a
+    GPU) while the weights, their gradients, the optimizer and the loss's reductions stay
+    float32. That is close to a TPU's default arithmetic for float32 products (one
+    bfloat16 pass, float32 accumulation; google/jax#1856), which SEED's TPU learners ran
+    with (Espeholt et al. 2020); one difference: autocast also rounds each layer's output
+    to bfloat16, where a TPU keeps it float32 until the next product reads it."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"agent.precision must be one of {', '.join(PRECISIONS)}; "
+                          f"got {precision!r}")
+    if precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
 class Learner:
     """Applies ``passes`` gradient updates per batch (one unless an agent reuses its
     samples) and publishes the new weights after each.
@@ -181,6 +199,8 @@ class Learner:
             the previous one left (IMPALA's ``agent.passes``: sample reuse, V-trace
             correcting for the policy the earlier passes moved). Each pass counts as an
             update (weight version, lr schedule); the metrics are the last pass's.
+        precision: ``agent.precision``, the loss's arithmetic (:func:`precision_context`);
+            the backward pass follows the forward's, the optimizer step is float32.
     """
 
     def __init__(
@@ -196,6 +216,7 @@ class Learner:
         max_skipped_updates: int = 10,
         optimizer_path: str = "agent.optimizer",
         passes: int = 1,
+        precision: str = "float32",
     ):
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"Learner: passes must be a whole number >= 1, got {passes!r}")
@@ -212,6 +233,8 @@ class Learner:
         self.optimizer_path = optimizer_path  # the config path the messages name
         self.skipped_in_a_row = self.skipped_updates = 0
         self.passes = passes
+        self.precision = precision
+        precision_context(precision, device or torch.device("cpu"))  # refuses a bad name now
 
     @property
     def version(self) -> int:
@@ -236,7 +259,8 @@ class Learner:
 
     def _update(self, batch: Any) -> tuple[dict[str, float], Any]:
         """One gradient update on ``batch`` (already on the model's device)."""
-        loss, metrics, priorities = self.loss_fn(self.model, batch)
+        with precision_context(self.precision, self.device or torch.device("cpu")):
+            loss, metrics, priorities = self.loss_fn(self.model, batch)
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().cpu()  # the replay's sum tree is on the CPU
         self.optimizer.zero_grad(set_to_none=True)

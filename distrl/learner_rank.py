@@ -108,18 +108,18 @@ class LearnerRank:
 
     def make_learner(self, loss_fn: LossFn, opt: OptimizerConfig, planned_updates: int,
                      weights: WeightStore, optimizer_path: str = "agent.optimizer",
-                     passes: int = 1) -> Learner:
+                     passes: int = 1, precision: str = "float32") -> Learner:
         """The learner with ``agent.optimizer`` (its lr schedule spread over
-        ``planned_updates``, counting every pass), making ``passes`` updates per batch and
-        publishing to ``weights``; under torchrun it averages gradients over the learner
-        ranks."""
+        ``planned_updates``, counting every pass), making ``passes`` updates per batch in
+        ``precision`` (``agent.precision``) and publishing to ``weights``; under torchrun it
+        averages gradients over the learner ranks."""
         optimizer = optimizer_for(self.model, opt)
         scheduler = make_lr_schedule(optimizer, opt.lr_schedule, planned_updates)
         averager = (distributed.GradientAverager(self.model, self.ranks.group)
                     if self.ranks is not None else None)
         return Learner(self.model, loss_fn, optimizer, scheduler, opt.max_grad_norm, weights,
                        averager, self.device, opt.max_skipped_updates, optimizer_path,
-                       passes)
+                       passes, precision)
 
     def make_logger(self, purge_step: int | None) -> MetricLogger:
         """Rank 0 logs to tensorboard and stdout; the other ranks stay quiet. A resumed

@@ -140,7 +140,7 @@ def _train(parts: ReplayAgentParts, settings: RunSettings,
                                 / parts.experience.steps_per_item
                                 * max(replay_ratio, 1.0) / parts.batch_size)
     learner = rank.make_learner(loss, opt, planned_updates, experience.weights,
-                                f"{parts.settings_path}.optimizer")
+                                f"{parts.settings_path}.optimizer", precision=parts.precision)
     local_writer_states = (_resume(resumed, own, learner, loss, replay, prefetcher, generator,
                                    counters, opt, sharded)
                            if resumed is not None else None)

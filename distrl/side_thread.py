@@ -41,11 +41,17 @@ class SideThread:
         self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, fn: Callable[[], T], device: torch.device) -> Future[T]:
-        """``fn()`` under ``torch.no_grad()``, pending: in the worker thread when enabled,
-        ``device`` is the CPU and torch runs one intra-op thread (where ``result()``
-        re-raises its error), else computed now (where the error is raised at once)."""
+        """``fn()`` under ``torch.no_grad()`` and the caller's CPU autocast, pending: in the
+        worker thread when enabled, ``device`` is the CPU and torch runs one intra-op thread
+        (where ``result()`` re-raises its error), else computed now (where the error is
+        raised at once)."""
+        # Grad and autocast modes are per thread: the caller's are set where fn runs.
+        autocast = torch.is_autocast_enabled("cpu")
+        autocast_dtype = torch.get_autocast_dtype("cpu")
+
         def no_grad_fn() -> T:
-            with torch.no_grad():  # grad mode is per thread: set it where fn runs
+            with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype,
+                                                 enabled=autocast):
                 return fn()
         if not self.enabled or device.type != "cpu" or torch.get_num_threads() != 1:
             done: Future[T] = Future()

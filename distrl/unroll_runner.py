@@ -191,7 +191,7 @@ def _train(parts: UnrollAgentParts, settings: RunSettings,
     learner = rank.make_learner(parts.loss_fn, opt,
                                 math.ceil(settings.total_frames / frames_per_update) * parts.passes,
                                 experience.weights, f"{parts.settings_path}.optimizer",
-                                parts.passes)
+                                parts.passes, parts.precision)
     counters = {"frames": 0, "elapsed_s": 0.0}
     if resumed is not None:
         restore_learner(learner, resumed, opt)
