@@ -8,10 +8,13 @@
 The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it
 names none). An Atari suite's report is ``report_atari.py``'s: per game and agent, each
 seed's frames and run time to a 20-episode mean of 0 and +18, the evaluation return per
-seed and over seeds, frames/s and the command; its PNG, one curve per agent (mean over seeds,
-min-max band). ``--readme-table`` puts an Atari table between ``<!-- atari-results:start
--->`` and ``<!-- atari-results:end -->``, which the file must hold. The rest of this
-docstring is the MinAtar report's.
+seed and over seeds, frames/s and the command; with a game of the Atari-5 set,
+``report_atari5.py``'s human-normalised scores, Atari-5 estimates and IQM; its PNG, one
+panel per game and one curve per agent (mean over seeds, min-max band). ``--readme-table``
+puts Pong's table between ``<!-- atari-results:start -->`` and ``<!-- atari-results:end
+-->`` and the score table between ``<!-- atari5-results:start -->`` and ``<!--
+atari5-results:end -->``, which the file must hold. The rest of this docstring is the
+MinAtar report's.
 
 Per game and agent: the final return (mean training return over each run's last 100
 episodes, as the MinAtar paper plots) averaged over the finished seeds, its 95% stratified
@@ -43,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import report_atari  # noqa: E402
+import report_atari5  # noqa: E402
 from report_cells import (  # noqa: E402
     CELL_TABLE_HEADER,
     Cell,
@@ -271,16 +275,24 @@ def suite_name(path: Path, asked: str | None) -> str:
 
 
 def atari_main(args: argparse.Namespace, suite: Suite) -> None:
-    """An Atari suite's table (and README block, PNG): :mod:`report_atari`'s."""
+    """An Atari suite's tables (and README blocks, PNG): Pong's reach table
+    (:mod:`report_atari`) when the suite has Pong, the human-normalised score table
+    (:mod:`report_atari5`) when it has an Atari-5 game; each goes between its own markers."""
     if args.supplement:
         raise SystemExit("report: --supplement pools MinAtar seeds; an Atari suite's "
                          "directory holds all its seeds")
     levels = list(ATARI.reach)
-    table = report_atari.markdown(suite, args.suite, args.suite.name, levels)
-    print(table, end="")
+    tables = []
+    if "Pong" in suite.games or not report_atari5.has_scores(suite):
+        tables.append((report_atari.markdown(suite, args.suite, args.suite.name, levels),
+                       report_atari.BEGIN, report_atari.END))
+    if report_atari5.has_scores(suite):
+        tables.append((report_atari5.markdown(suite, args.suite, args.reps, args.seed),
+                       report_atari5.BEGIN, report_atari5.END))
+    print("\n".join(table for table, _, _ in tables), end="")
     if args.readme_table:
-        write_readme_table(args.readme_table, table, report_atari.BEGIN, report_atari.END,
-                           append=False)
+        for table, begin, end in tables:
+            write_readme_table(args.readme_table, table, begin, end, append=False)
     if args.png:
         report_atari.plot(suite, args.suite, args.png, levels)
         print(f"\nlearning curves: {args.png}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from atari_scores import REFERENCES
 from attempt_record import read_episodes
 from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, run_time, trailing_mean
 from grid_plan import Run, run_overrides
@@ -184,8 +185,10 @@ def seed_curves(runs: list[AtariRun], grid: np.ndarray) -> np.ndarray:
 
 def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
          points: int = 400) -> None:
-    """One panel per game, one curve per agent: the mean over seeds of the 20-episode mean
-    return against env frames, the seeds' min-max as a band, each level dashed."""
+    """One panel per game (three to a row), one curve per agent: the mean over seeds of the
+    20-episode mean return against env frames, the seeds' min-max as a band; on Pong each
+    level dashed, on the games Dopamine's baselines cover their 10M-frame DQN and Rainbow
+    scores marked at 10M frames."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +196,11 @@ def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
 
     cells = atari_runs(suite, suite_dir, levels)
     panels = max(len(suite.games), 1)
-    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
+    columns = min(panels, 3)
+    rows = -(-panels // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.5 * rows), squeeze=False)
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
     colours = {agent: f"C{i}" for i, agent in enumerate(suite.agents)}
     for ax, game in zip(axes.flat, suite.games, strict=False):
         drawn = {agent: [r for r in cells.get((agent, game), []) if has_curve(r)]
@@ -213,16 +220,22 @@ def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
             ax.plot(grid, mean, color=colours[agent],
                     label=f"{agent} (mean of {seeds_text(len(runs))}, {done} finished)")
             ax.fill_between(grid, low, high, color=colours[agent], alpha=0.2, linewidth=0)
-        for level in levels:
+        for level in levels if game == "Pong" else []:
             ax.axhline(level, color="black", linestyle="--", linewidth=1)
+        for key, marker in (("dopamine_dqn_10m", "v"), ("dopamine_rainbow_10m", "^")):
+            reference = REFERENCES[key]
+            if game in reference["scores"]:
+                ax.plot([10_000_000], [reference["scores"][game]], marker=marker,
+                        color="black", linestyle="none", label=reference["label"])
         if any(drawn.values()):
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="lower right" if game == "Pong" else "best")
         else:
             ax.text(0.5, 0.5, f"no run has {WINDOW} episodes yet", transform=ax.transAxes,
                     ha="center")
         ax.set_xlim(left=0)
-        ax.set_title(f"{game}: band = min-max over seeds, dashed = "
-                     + ", ".join(level_text(level) for level in levels))
+        ax.set_title(f"{game}: band = min-max over seeds" + (
+            ", dashed = " + ", ".join(level_text(level) for level in levels)
+            if game == "Pong" else ""))
         ax.set_xlabel("env frames")
         ax.set_ylabel(f"raw return, mean of the last {WINDOW} episodes")
         ax.grid(alpha=0.3)

@@ -1,0 +1,83 @@
+"""The human-normalised score table of an Atari-5 suite: per-game HNS, each seed's Atari-5
+estimate and their mean, the comparison with Dopamine's Rainbow, the IQM over games and
+seeds, and the README block between its own markers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import report  # noqa: E402
+import report_atari5  # noqa: E402
+from atari_scores import ATARI5, REFERENCES, human_normalized  # noqa: E402
+from test_reproduce import make_run, row_of, write_grid  # noqa: E402
+
+DQN = REFERENCES["dopamine_dqn_10m"]["scores"]
+
+
+def dqn_suite(root: Path, seeds: list[int], skip: tuple[str, int] | None = None) -> None:
+    """IMPALA on the five games, every run's last 100 episodes at Dopamine's DQN score;
+    ``skip`` leaves one (game, seed) unfinished."""
+    write_grid(root, ["impala"], list(ATARI5), seeds)
+    grid = json.loads((root / "grid.json").read_text())
+    (root / "grid.json").write_text(json.dumps({**grid, "suite": "atari",
+                                                "frames": 10_000_000}))
+    for game in ATARI5:
+        for seed in seeds:
+            status = None if skip == (game, seed) else "finished"
+            make_run(root, "impala", game, seed, [DQN[game]] * 100, 10_000_000, status,
+                     eval_return=DQN[game])
+
+
+def test_per_game_hns_and_the_atari5_estimate_of_each_seed(tmp_path):
+    dqn_suite(tmp_path, [0, 1])
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    qbert = row_of(table, "Qbert", "impala")
+    assert qbert[2] == "2/2"
+    assert qbert[3].startswith("1,245.0")
+    # (1,245 - 163.9) / (13,455 - 163.9) = 8.13%
+    assert qbert[4] == "8.1"
+    # Dopamine's DQN scores give its estimate, 35.2, on each seed; Rainbow's is 39.4
+    assert "impala: Atari-5 estimate 35.2% [35.2, 35.2]** (2 seeds: s0 35.2, s1 35.2)" in table
+    assert ("Below Rainbow's by 4.2 points; below Rainbow's score on BattleZone, "
+            "NameThisGame, Phoenix, Qbert.") in table
+    # IQM over 10 runs: the 2 lowest (Qbert) and 2 highest (NameThisGame) are trimmed
+    middle = [human_normalized(g, DQN[g]) for g in ("BattleZone", "DoubleDunk", "Phoenix")]
+    assert f"IQM of HNS over 5 games and 10 runs {sum(middle) / 3:.1f}%" in table
+    assert "at 10.0M frames" in table.splitlines()[0]
+    assert "Protocol: the papers' (up to 30 no-op starts, no sticky actions)" in table
+
+
+def test_a_seed_without_all_five_games_gives_no_estimate(tmp_path):
+    dqn_suite(tmp_path, [0, 1], skip=("Phoenix", 1))
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    assert "(1 seed: s0 35.2)" in table
+    assert row_of(table, "Phoenix", "impala")[2] == "1/2"
+
+
+def test_the_readme_gets_the_score_table_between_its_markers(tmp_path):
+    suite_dir = tmp_path / "atari5"
+    suite_dir.mkdir()
+    dqn_suite(suite_dir, [0])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# distrl\n\n{report_atari5.BEGIN}\nold\n{report_atari5.END}\nkept\n")
+    report.main([str(suite_dir), "--suite", "atari", "--readme-table", str(readme),
+                 "--reps", "100"])
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{report_atari5.END}\nkept\n")
+    assert "| Qbert | impala | 1/1 |" in text
+    assert "Atari-5 estimate 35.2%" in text
+
+
+def test_a_readme_without_the_markers_is_refused(tmp_path):
+    dqn_suite(tmp_path, [0])
+    readme = tmp_path / "README.md"
+    readme.write_text("# distrl\n")
+    with pytest.raises(SystemExit, match="atari5-results"):
+        report.main([str(tmp_path), "--suite", "atari", "--readme-table", str(readme)])
