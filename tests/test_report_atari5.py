@@ -81,3 +81,12 @@ def test_a_readme_without_the_markers_is_refused(tmp_path):
     readme.write_text("# distrl\n")
     with pytest.raises(SystemExit, match="atari5-results"):
         report.main([str(tmp_path), "--suite", "atari", "--readme-table", str(readme)])
+
+
+def test_the_heading_names_machados_protocol_when_the_grid_asked_for_it(tmp_path):
+    dqn_suite(tmp_path, [0])
+    grid = json.loads((tmp_path / "grid.json").read_text())
+    grid["overrides"] = ["env.protocol=machado"]
+    (tmp_path / "grid.json").write_text(json.dumps(grid))
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=100)
+    assert "Protocol: Machado et al. 2018's (sticky actions 0.25" in table
