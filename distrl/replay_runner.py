@@ -83,7 +83,7 @@ def train_replay_agent(
         passes=sizing.learner_passes(parts.replay_ratio, fmt.steps_per_item,
                                      fmt.trained_steps, fmt.forward_only_steps),
         central_inference=sizing.runs_inference(source),
-        device=resolve_device(parts.device))
+        device=resolve_device(parts.device), precision=parts.precision)
     kernel_line = check_kernel(settings)
     ranks = distributed.init_from_env(learner_ranks=settings.distributed.learner_ranks)
     try:

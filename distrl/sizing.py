@@ -53,6 +53,7 @@ from torch import nn
 
 from distrl.config import AUTO_FIELDS, EnvConfig, is_auto
 from distrl.envs import atari_rom, make_envs
+from distrl.learner import precision_context
 from distrl.run_settings import RunSettings
 
 # What ``auto`` means where nothing is measured (not pixels): the hand-set topology.
@@ -221,7 +222,8 @@ def _time(fn: Callable[[], object], seconds: float, sync: Callable[[], None]) ->
 
 def measure_costs(env_cfg: EnvConfig, make_model: Callable[[tuple[int, ...], int], nn.Module],
                   per_group: int, learner_batch: int, learner_passes: float,
-                  max_threads: int, device: torch.device, seconds: float = 0.3) -> Costs:
+                  max_threads: int, device: torch.device, seconds: float = 0.3,
+                  precision: str = "float32") -> Costs:
     """Time one env frame's three costs on this machine (module docstring).
 
     Args:
@@ -235,6 +237,7 @@ def measure_costs(env_cfg: EnvConfig, make_model: Callable[[tuple[int, ...], int
         max_threads: the most learner threads to time (1 and this many).
         device: the learner's device.
         seconds: about how long each figure is timed.
+        precision: ``agent.precision``: the learner's pass is timed in the run's arithmetic.
     """
     envs = make_envs(env_cfg, per_group, seed=0, num_threads=1)
     try:
@@ -265,7 +268,9 @@ def measure_costs(env_cfg: EnvConfig, make_model: Callable[[tuple[int, ...], int
                 gpu_forward = _time(lambda: learner_torso(obs_gpu), seconds, sync)
 
         def train_step() -> None:
-            learner_torso(batch).square().mean().backward()
+            with precision_context(precision, device):
+                loss = learner_torso(batch).float().square().mean()
+            loss.backward()
 
         counts = [1] if device.type == "cuda" else sorted({1, max_threads})
         learn: dict[int, float] = {}
@@ -318,11 +323,13 @@ def machine_cores() -> int:
 def resolve(settings: RunSettings, make_model: Callable[[tuple[int, ...], int], nn.Module],
             batch_size: int | None, learner_batch: int, passes: float,
             central_inference: bool, device: torch.device,
-            announce: Callable[[str], None] | None = None) -> RunSettings:
+            announce: Callable[[str], None] | None = None,
+            precision: str = "float32") -> RunSettings:
     """``settings`` with every ``distributed`` field that says ``auto`` set (module
     docstring), in its config text too (so a checkpoint resumes with the same topology);
     values given as numbers are kept. The choice and its figures are printed (by rank 0)
-    or passed to ``announce``."""
+    or passed to ``announce``. The learner's cost is measured in ``precision``
+    (``agent.precision``)."""
     dist = settings.distributed
     auto = [name for name in AUTO_FIELDS if is_auto(getattr(dist, name))]
     if not auto:
@@ -338,7 +345,7 @@ def resolve(settings: RunSettings, make_model: Callable[[tuple[int, ...], int], 
         per_group = envs_per_group(batch_size)
         costs = reference_costs() if under_torchrun else measure_costs(
             settings.env, make_model, per_group, min(learner_batch, LEARNER_BATCH), passes,
-            max_threads=cores, device=device)
+            max_threads=cores, device=device, precision=precision)
         top = choose_topology(costs, cores, batch_size, central_inference,
                               gpu_learner=device.type == "cuda")
         chosen = {"actors": top.actors, "envs_per_actor": top.envs_per_actor,

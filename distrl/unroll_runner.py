@@ -132,7 +132,7 @@ def train_unroll_agent(
         learner_batch=parts.unroll_length * parts.batch_size,
         passes=sizing.learner_passes(None) * parts.passes,
         central_inference=sizing.runs_inference(source),
-        device=resolve_device(parts.device))
+        device=resolve_device(parts.device), precision=parts.precision)
     per_group = settings.envs_per_group
     if parts.batch_size % per_group:
         raise ConfigError(

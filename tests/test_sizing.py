@@ -187,6 +187,30 @@ def test_measured_costs_are_per_frame_and_the_learner_costs_more_than_a_forward(
     assert measured.inference_s == measured.forward_s
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_learner_pass_is_timed_in_the_runs_precision(precision) -> None:
+    """With agent.precision=bfloat16 the learner's forward runs under autocast while it is
+    timed (and the actors' forward never does)."""
+    seen: list[tuple[bool, bool]] = []
+
+    class Probe(ShallowCNN):
+        def forward(self, x):
+            seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+            return super().forward(x)
+
+    def make_model(obs_shape, num_actions):
+        model = torch.nn.Module()
+        model.torso = Probe(obs_shape[0], obs_shape[1])
+        return model
+
+    sizing.measure_costs(EnvConfig(id="Pong"), make_model, per_group=8, learner_batch=16,
+                         learner_passes=1.0, max_threads=1, device=torch.device("cpu"),
+                         seconds=0.01, precision=precision)
+    learner = {autocast for grad, autocast in seen if grad}
+    actors = {autocast for grad, autocast in seen if not grad}
+    assert learner == {precision == "bfloat16"} and actors == {False}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_gpu_learner_times_seed_inference_on_the_gpu() -> None:
