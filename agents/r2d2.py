@@ -36,7 +36,9 @@ from distrl.models import RecurrentDuelingQNet, flatten_rnn_weights
 from distrl.replay.formats import SequenceFormat
 from distrl.run_settings import Conventions
 from distrl.side_thread import SideThread
-from distrl.types import SequenceSample
+from distrl.types import SequenceBatch, SequenceSample
+
+ACTOR_PRIORITIES = ("acting", "recompute")
 
 # ---------------------------------------------------------------- config
 
@@ -94,6 +96,12 @@ class R2D2Config:
     weight_sync_steps: int = 400
     replay_ratio: float = 0.0  # sequences sampled per sequence inserted; 0: free running
     staleness_interval: int = 100  # updates between recurrent-state staleness measurements
+    # New sequences' initial priorities: "acting" from the Q values the actor computed while
+    # acting on their steps (seed_rl's R2D2; Ape-X's Algorithm 1 keeps its acting Q values
+    # for this), no second forward pass; "recompute": a fresh unroll of each sequence from
+    # its stored state with the actor's current weights, 3x the acting forward at Table 2's
+    # burn-in 40, length 80 and period 40.
+    actor_priorities: str = "acting"
     model: ModelConfig = field(default_factory=r2d2_model)
     # Where the learner trains (model, target network, loss): auto = the GPU when there is
     # one (cuda:LOCAL_RANK under torchrun), cpu, cuda or cuda:N. Actors act on CPU copies.
@@ -119,6 +127,7 @@ class R2D2Config:
             check_unit_interval(f"agent.{name}", getattr(self, name))
         check_device("agent.device", self.device)
         check_choice("agent.precision", self.precision, PRECISIONS)
+        check_choice("agent.actor_priorities", self.actor_priorities, ACTOR_PRIORITIES)
         if self.model.init != "default":
             raise ConfigError(
                 f"agent.model.init must be default for r2d2 (its Q-network keeps PyTorch's "
@@ -175,7 +184,10 @@ class RecurrentEpsilonGreedyPolicy:
             last_rewards = torch.zeros(n)
         q, core_state = self.model(observations.unsqueeze(0), last_actions.unsqueeze(0),
                                    last_rewards.unsqueeze(0), core_state)
-        return PolicyOutput(epsilon_greedy(q[0], self.epsilons, self.generator), {}, core_state)
+        # The Q values go to the writer with the step: the initial priorities of the
+        # sequences it completes are computed from them (acting_priorities).
+        return PolicyOutput(epsilon_greedy(q[0], self.epsilons, self.generator),
+                            {"q": q[0]}, core_state)
 
 
 # ---------------------------------------------------------------- loss
@@ -324,6 +336,26 @@ def initial_priorities(model: RecurrentDuelingQNet, batch: SequenceSample, burn_
     return losses.sequence_priorities(td.abs(), mask, priority_eta)
 
 
+def acting_priorities(q_values: torch.Tensor, batch: SequenceBatch, burn_in: int,
+                      trace_length: int, n_step: int, discount: float, rescale_epsilon: float,
+                      priority_eta: float) -> torch.Tensor:
+    """Eta-mixed priorities of new sequences from the Q values ``[K, L, A]`` the actor
+    computed while acting on their steps (:attr:`SequenceWriter.acting_q`), used as online
+    and target values alike, as seed_rl's R2D2 computes them from its inference outputs.
+    With unchanged weights they equal :func:`initial_priorities` (the actor's running
+    state is the stored state burned in), at no second forward pass."""
+    q = q_values.transpose(0, 1)
+    steps = SequenceSample(
+        indices=torch.full((batch.size,), -1, dtype=torch.int64), weights=torch.ones(batch.size),
+        observations=torch.empty(0),  # the TD errors read no observation
+        prev_actions=batch.prev_actions.t(), prev_rewards=batch.prev_rewards.t(),
+        actions=batch.actions.t(), rewards=batch.rewards.t(), terminated=batch.terminated.t(),
+        valid=batch.valid.t(), stored_state=batch.stored_state, start_state=batch.start_state)
+    td, mask = sequence_td_errors(q, q, steps, burn_in, trace_length, n_step, discount,
+                                  rescale_epsilon)
+    return losses.sequence_priorities(td.abs(), mask, priority_eta)
+
+
 def unclipped(rewards: torch.Tensor) -> torch.Tensor:
     """R2D2 clips no rewards: ``h`` rescales the values instead."""
     return rewards
@@ -348,6 +380,9 @@ def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
         make_loss=functools.partial(R2D2Loss, target_update_interval=cfg.target_update_interval,
                                     staleness_interval=cfg.staleness_interval, **sequence),
         initial_priorities=functools.partial(initial_priorities, **sequence),
+        acting_priorities=(functools.partial(acting_priorities, **{
+            k: v for k, v in sequence.items() if k != "stored_state"})
+            if cfg.actor_priorities == "acting" else None),
         transform_rewards=unclipped,
         experience=SequenceFormat(cfg.burn_in, cfg.trace_length, cfg.period, cfg.n_step),
         batch_size=cfg.batch_size,

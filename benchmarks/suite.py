@@ -131,10 +131,12 @@ def run_name(agent: str, game: str, seed: int) -> str:
 SAME_SETTINGS_AS_TODAY: dict[str, dict[str, str]] = {
     "minatar_apex": {"f5234848dd8e": "torch's RMSProp and greedy evaluation, Ape-X's "
                                      "defaults until 2026-11-27"},
-    "minatar_r2d2": {"b28a346b59fd": "torch's Adam, weight pulls every 100 steps and greedy "
-                                     "evaluation, R2D2's defaults until 2026-11-27"},
-    "minatar_seed_r2d2": {"2d455160bad6": "torch's Adam and greedy evaluation, R2D2's "
-                                          "defaults until 2026-11-27"},
+    "minatar_r2d2": {"b28a346b59fd": "torch's Adam, weight pulls every 100 steps, greedy "
+                                     "evaluation and recomputed initial priorities, R2D2's "
+                                     "defaults until 2026-11-27"},
+    "minatar_seed_r2d2": {"2d455160bad6": "torch's Adam, greedy evaluation and recomputed "
+                                          "initial priorities, R2D2's defaults until "
+                                          "2026-11-27"},
 }
 
 

@@ -235,6 +235,7 @@ class TransitionSink:
         self.emit = emit
         self.transform_rewards = transform_rewards
         self.actions = torch.zeros(0, dtype=torch.int64)
+        self.q_values: torch.Tensor | None = None  # the policy's, for acting-time priorities
         self.steps = 0
 
     def begin(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...]) -> None:
@@ -242,11 +243,14 @@ class TransitionSink:
 
     def act(self, output: PolicyOutput, version: int) -> None:
         self.actions = output.actions
+        self.q_values = output.extras.get("q")
 
     def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None:
+        # A policy that reports its Q values (R2D2's) hands them to the writer with the step.
+        kept = {} if self.q_values is None else {"q_values": self.q_values}
         self.writer.add(self.actions, self.transform_rewards(torch.from_numpy(step.rewards)),
                         torch.from_numpy(step.observations), torch.from_numpy(step.terminated),
-                        torch.from_numpy(step.truncated), core_state)
+                        torch.from_numpy(step.truncated), core_state, **kept)
         self.steps += 1
         if self.steps % self.flush_steps == 0:
             self.flush()

@@ -247,9 +247,14 @@ class SeedReplaySource(_ServerSource):
     def _prioritise_and_emit(self, writer: Any, batch: ReplayBatch) -> None:
         """Runs in the server: initial priorities with the inference model, then to the
         learner (directly in serial mode, else through a bounded queue)."""
-        sample = to_device(self.ctx.parts.experience.as_sample(writer, batch), self.device)
-        with self.weights.lock, timed_forward(self.stats):
-            priorities = self.ctx.parts.initial_priorities(self.inference_model, sample).float()
+        parts, acting_q = self.ctx.parts, getattr(writer, "acting_q", None)
+        if parts.acting_priorities is not None and acting_q is not None:
+            with timed_forward(self.stats):  # from the inference outputs, as seed_rl does
+                priorities = parts.acting_priorities(acting_q, batch).float()
+        else:
+            sample = to_device(parts.experience.as_sample(writer, batch), self.device)
+            with self.weights.lock, timed_forward(self.stats):
+                priorities = parts.initial_priorities(self.inference_model, sample).float()
         if self.serial:
             self.ctx.insert(batch, priorities.cpu())
             return

@@ -68,7 +68,9 @@ def test_seed_server_counts_the_initial_priority_forward_as_forward_not_copy(tmp
 
     monkeypatch.setattr(r2d2, "initial_priorities", slow_priorities)
     monkeypatch.setattr(SeedReplaySource, "drain", counted_drain)
-    seed.run(compose_preset(tmp_path, "seed_r2d2_cartpole", "seed", "total_frames=3000"))
+    # recompute: the priorities run the inference model (acting ones reuse its outputs)
+    seed.run(compose_preset(tmp_path, "seed_r2d2_cartpole", "seed", "total_frames=3000",
+                            "agent.r2d2.actor_priorities=recompute"))
     slept = drained[-1][0] * PRIORITY_SLEEP_S  # the sleeps before the last drain
     assert drained[-1][0] >= 5
     assert sum(stats.policy_s for _, stats in drained) >= slept

@@ -56,6 +56,22 @@ class _Record:
     action: int = 0
     reward: float = 0.0
     terminated: bool = False
+    q: Optional[torch.Tensor] = None  # [A] the actor's Q values on this step, if recorded
+
+
+_MISSING = torch.empty(0)  # a trained or bootstrap step whose Q values were not recorded
+
+
+def _stack_q(q_values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
+    """``[L, A]`` one sequence's acting Q values, zeros where a slot needs none (burn-in,
+    padding); None where a slot that needs them has none."""
+    if any(q is _MISSING for q in q_values):
+        return None
+    known = [q for q in q_values if q is not None]
+    if not known:
+        return None
+    zeros = torch.zeros_like(known[0])
+    return torch.stack([zeros if q is None else q for q in q_values])
 
 
 def _check_non_negative_int(name: str, value: Any) -> None:
@@ -126,6 +142,10 @@ class SequenceWriter:
         self._open: list[list[int]] = [[] for _ in range(self.num_envs)]  # starts s, oldest first
         self._emitted: list[dict[str, Any]] = []
         self._steps = 0  # env steps since the last flush
+        # [K, L, A] the Q values the actor computed while acting on the last flushed
+        # batch's steps (zeros on burn-in and padding slots), or None where some trained or
+        # bootstrap step of it had none recorded
+        self.acting_q: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ stepping
 
@@ -159,6 +179,7 @@ class SequenceWriter:
         terminated: torch.Tensor,
         truncated: torch.Tensor,
         core_state: tuple[torch.Tensor, ...] = (),
+        q_values: Optional[torch.Tensor] = None,
     ) -> None:
         """Record one batched env step.
 
@@ -170,6 +191,9 @@ class SequenceWriter:
           terminated, truncated: [N] bool.
           core_state: the policy's recurrent state before acting on ``observations``
             (already reset where an episode ended), each tensor [N, ...].
+          q_values: [N, A] the Q values ``a_t`` was chosen from, or None; kept with the
+            step, so a flushed batch's initial priorities need no second forward pass
+            (:attr:`acting_q`).
         """
         if self._observation_shape is None:
             raise RuntimeError("SequenceWriter.add before begin")
@@ -184,12 +208,14 @@ class SequenceWriter:
         newest = (observations if self.frame_stack is None else observations[:, -1]).clone()
         restarted = observations.clone() if any(ended) else None
         self._steps += self.num_envs
+        q_rows = None if q_values is None else q_values.detach().float().cpu().unbind(0)
 
         for env in range(self.num_envs):
             records = self._episodes[env]
             record = records[-1]
             record.action, record.reward = action_list[env], reward_list[env]
             record.terminated = terminal[env]
+            record.q = None if q_rows is None else q_rows[env].clone()
             if ended[env]:
                 self._end_episode(env, last_step_taken=True)
                 self._start_episode(env, restarted[env], states[env])
@@ -244,9 +270,13 @@ class SequenceWriter:
         first_slot = start - self.burn_in
         observation, prev_action, prev_reward, action, reward, terminated, valid = \
             [], [], [], [], [], [], []
-        for step in range(first_slot, first_slot + self.length):
+        q_values: list[Optional[torch.Tensor]] = []
+        for slot, step in enumerate(range(first_slot, first_slot + self.length)):
             real = 0 <= step <= last
             record = records[min(max(step, 0), last) - first]
+            q_values.append(record.q if real and slot >= self.burn_in else None)
+            if real and slot >= self.burn_in and record.q is None:
+                q_values[-1] = _MISSING
             observation.append(record.observation)
             prev_action.append(record.prev_action if real else -1)
             prev_reward.append(record.prev_reward if real else 0.0)
@@ -259,7 +289,7 @@ class SequenceWriter:
             "observation_frames": observation, "prev_actions": prev_action,
             "prev_rewards": prev_reward, "actions": action, "rewards": reward,
             "terminated": terminated, "valid": valid, "stored_state": stored,
-            "start_state": records[start - first].state,
+            "start_state": records[start - first].state, "q": _stack_q(q_values),
         })
 
     def _store(self, frame: torch.Tensor) -> int:
@@ -293,6 +323,8 @@ class SequenceWriter:
             start_state=torch.stack([e["start_state"] for e in emitted]),
             stream=self.stream, first_frame=self._sent, steps=self._steps,
         )
+        qs = [e.get("q") for e in emitted]
+        self.acting_q = None if any(q is None for q in qs) else torch.stack(qs)
         self._sent, self._steps = self._next_frame, 0
         # Keep the frames open records still use, and this batch's (see as_sample).
         live = {f for records in self._episodes for r in records for f in r.observation}
@@ -336,7 +368,7 @@ class SequenceWriter:
             "frame_ids": frame_ids,
             "frames": torch.stack([self._frames[f] for f in frame_ids]) if frame_ids else None,
             "episodes": [[(list(r.observation), r.prev_action, r.prev_reward, r.state, r.action,
-                           r.reward, r.terminated) for r in records]
+                           r.reward, r.terminated, r.q) for r in records]
                          for records in self._episodes],
             "first": list(self._first), "open": [list(o) for o in self._open],
             "emitted": [dict(e) for e in self._emitted],
@@ -359,8 +391,8 @@ class SequenceWriter:
         if state["frames"] is not None:
             self._frames = dict(zip(state["frame_ids"], state["frames"].clone().unbind(0),
                                     strict=True))
-        self._episodes = [deque(_Record(tuple(obs), pa, pr, s, a, r, t)
-                                for obs, pa, pr, s, a, r, t in records)
+        # a record saved before the Q values were kept has 7 fields (no Q values)
+        self._episodes = [deque(_Record(tuple(obs), *fields) for obs, *fields in records)
                           for records in state["episodes"]]
         self._first = list(state["first"])
         self._open = [list(o) for o in state["open"]]

@@ -1,0 +1,106 @@
+"""R2D2's initial priorities from the Q values the actor computed while acting (seed_rl's
+R2D2; Ape-X's Algorithm 1): the same numbers as a fresh unroll of each new sequence from
+its stored state with the same weights, without that second forward pass; a batch with a
+step whose Q values were not recorded falls back to the fresh unroll."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agents import r2d2
+from distrl.actor import reset_core_state
+from distrl.config import ConfigError, EnvConfig, ModelConfig
+from distrl.envs import make_envs
+from distrl.replay.sequence_writer import SequenceWriter
+
+SETTINGS = {"burn_in": 4, "trace_length": 8, "n_step": 2, "discount": 0.99,
+            "rescale_epsilon": 1e-3, "priority_eta": 0.9}
+
+
+def play(steps: int, record_q: bool = True, num_envs: int = 4):
+    """CartPole played by R2D2's epsilon-greedy policy, its steps written as sequences
+    (burn-in 4, 8 trained steps, a new one every 4, 2 bootstrap steps). Returns the
+    model, the writer and every flushed batch with the Q values the writer kept for it."""
+    torch.manual_seed(0)
+    model = r2d2.make_network((4,), 2, ModelConfig(use_lstm=True, lstm_size=16,
+                                                   hidden_size=16, head_size=16)).eval()
+    policy = r2d2.RecurrentEpsilonGreedyPolicy(model, torch.full((num_envs,), 0.3),
+                                               torch.Generator().manual_seed(1))
+    envs = make_envs(EnvConfig(id="CartPole-v1"), num_envs, seed=0)
+    writer = SequenceWriter(num_envs, burn_in=4, trace_length=8, period=4, bootstrap=2,
+                            frame_stack=None)
+    observations = torch.from_numpy(envs.reset())
+    state = policy.initial_state(num_envs)
+    writer.begin(observations, state)
+    last_actions, last_rewards = torch.full((num_envs,), -1), torch.zeros(num_envs)
+    batches = []
+    for _ in range(steps):
+        output = policy(observations, state, last_actions, last_rewards)
+        step = envs.step(output.actions.numpy())
+        state = reset_core_state(output.core_state, step.dones)
+        observations = torch.from_numpy(step.observations)
+        ended = torch.from_numpy(step.dones)
+        writer.add(output.actions, torch.from_numpy(step.rewards), observations,
+                   torch.from_numpy(step.terminated), torch.from_numpy(step.truncated), state,
+                   q_values=output.extras["q"] if record_q else None)
+        last_actions = torch.where(ended, -1, output.actions)
+        last_rewards = torch.where(ended, 0.0, torch.from_numpy(step.rewards).float())
+        batch = writer.flush()
+        if batch is not None:
+            batches.append((batch, writer.acting_q))
+    envs.close()
+    return model, writer, batches
+
+
+def test_priorities_from_acting_equal_a_fresh_unroll_with_the_same_weights():
+    """Each flushed batch is checked as it is flushed (the fresh unroll reads frames the
+    writer keeps only until its next batch)."""
+    checked = {"batches": 0, "padded": 0}
+    original_flush = SequenceWriter.flush
+
+    def checking_flush(writer):
+        batch = original_flush(writer)
+        if batch is not None and writer.acting_q is not None:
+            fresh = r2d2.initial_priorities(checking_flush.model, writer.as_sample(batch),
+                                            **SETTINGS)
+            assert torch.allclose(r2d2.acting_priorities(writer.acting_q, batch, **SETTINGS),
+                                  fresh, rtol=1e-5, atol=1e-6)
+            checked["batches"] += 1
+            checked["padded"] += int((~batch.valid).any())
+        return batch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SequenceWriter, "flush", checking_flush)
+        checking_flush.model = play(0)[0]  # the model play() builds, the same weights
+        play(150)
+    # CartPole's episodes end within the 150 steps: padded sequences were checked too
+    assert checked["batches"] > 10 and checked["padded"] > 0
+
+
+def test_a_step_without_q_values_leaves_the_batch_to_the_fresh_unroll():
+    _, _, batches = play(60, record_q=False)
+    assert batches and all(q is None for _, q in batches)
+
+
+def test_the_writer_keeps_q_values_across_a_checkpoint():
+    _, writer, _ = play(30)
+    state = writer.state_dict()
+    restored = SequenceWriter(4, burn_in=4, trace_length=8, period=4, bootstrap=2,
+                              frame_stack=None)
+    restored.load_state_dict(state)
+    mine = [r.q for records in writer._episodes for r in records]
+    theirs = [r.q for records in restored._episodes for r in records]
+    assert len(mine) == len(theirs) and all(
+        (a is None and b is None) or torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+
+
+def test_the_setting_is_checked_and_reaches_the_parts():
+    with pytest.raises(ConfigError, match="agent.actor_priorities must be one of acting, "
+                                          "recompute; got 'fresh'"):
+        r2d2.R2D2Config(actor_priorities="fresh")
+    assert r2d2.parts(r2d2.R2D2Config()).acting_priorities is not None
+    recompute = dataclasses.replace(r2d2.R2D2Config(), actor_priorities="recompute")
+    assert r2d2.parts(recompute).acting_priorities is None
