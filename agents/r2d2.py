@@ -97,8 +97,8 @@ class R2D2Config:
     replay_ratio: float = 0.0  # sequences sampled per sequence inserted; 0: free running
     staleness_interval: int = 100  # updates between recurrent-state staleness measurements
     # New sequences' initial priorities: "acting" from the Q values the actor computed while
-    # acting on their steps (seed_rl's R2D2; Ape-X's Algorithm 1 keeps its acting Q values
-    # for this), no second forward pass; "recompute": a fresh unroll of each sequence from
+    # acting on their steps (seed_rl's R2D2; Ape-X's actors reuse their acting Q values,
+    # Horgan et al. 2018), no second forward pass; "recompute": a fresh unroll of each sequence from
     # its stored state with the actor's current weights, 3x the acting forward at Table 2's
     # burn-in 40, length 80 and period 40.
     actor_priorities: str = "acting"

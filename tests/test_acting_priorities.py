@@ -1,5 +1,5 @@
 """R2D2's initial priorities from the Q values the actor computed while acting (seed_rl's
-R2D2; Ape-X's Algorithm 1): the same numbers as a fresh unroll of each new sequence from
+R2D2): the same numbers as a fresh unroll of each new sequence from
 its stored state with the same weights, without that second forward pass; a batch with a
 step whose Q values were not recorded falls back to the fresh unroll."""
 
