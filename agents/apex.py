@@ -38,6 +38,8 @@ from distrl.run_settings import Conventions
 from distrl.side_thread import SideThread
 from distrl.types import SampleBatch
 
+ACTOR_PRIORITIES = ("acting", "recompute")
+
 # ---------------------------------------------------------------- config
 
 # Where a run leaves them open:
@@ -84,6 +86,10 @@ class ApexConfig:
     epsilon_exponent: float = 7.0
     actor_buffer: int = 50  # steps per env an actor gathers before sending (local buffer)
     weight_sync_steps: int = 100  # actor steps between weight pulls (400 frames / 4)
+    # New transitions' initial priorities: "acting" from the Q values the actor computed
+    # while acting (no forward pass); "recompute": the actor's network run again on s_t and
+    # s_{t+n}, two forward passes per transition.
+    actor_priorities: str = "acting"
     # Samples per inserted transition, held by making learner and actors wait on each other.
     # 0: the paper's free-running learner; in one process, where they take turns, 0 means 1.
     replay_ratio: float = 0.0
@@ -120,6 +126,7 @@ class ApexConfig:
         check_choice("agent.reward_clipping", self.reward_clipping, losses.REWARD_CLIPPING)
         check_device("agent.device", self.device)
         check_choice("agent.precision", self.precision, PRECISIONS)
+        check_choice("agent.actor_priorities", self.actor_priorities, ACTOR_PRIORITIES)
         if self.model.init != "default":
             raise ConfigError(
                 f"agent.model.init must be default for apex (its Q-network keeps PyTorch's "
@@ -159,8 +166,10 @@ class EpsilonGreedyPolicy:
     def __call__(self, observations: torch.Tensor, core_state: tuple[torch.Tensor, ...] = (),
                  last_actions: torch.Tensor | None = None,
                  last_rewards: torch.Tensor | None = None) -> PolicyOutput:
-        actions = epsilon_greedy(self.model(observations), self.epsilons, self.generator)
-        return PolicyOutput(actions, {}, ())
+        q = self.model(observations)
+        # The Q values go to the writer with the step: the initial priorities of the
+        # transitions it completes are computed from them (acting_priorities).
+        return PolicyOutput(epsilon_greedy(q, self.epsilons, self.generator), {"q": q}, ())
 
 
 # ---------------------------------------------------------------- loss
@@ -228,6 +237,16 @@ def initial_priorities(model: nn.Module, batch: SampleBatch) -> torch.Tensor:
     return (targets - q_taken).abs()
 
 
+def acting_priorities(values: tuple[torch.Tensor, torch.Tensor], batch: Any) -> torch.Tensor:
+    """``|R_t + discount * max_a Q(s_{t+n}, a) - Q(s_t, a_t)|`` of new transitions from the
+    Q values the actor computed while acting (:attr:`NStepWriter.acting_values`: the taken
+    action's and the bootstrap observation's best), no forward pass: Ape-X's actors take
+    their priorities from the computation they already do for acting (Horgan et al.
+    2018). With unchanged weights they equal :func:`initial_priorities`."""
+    q_taken, bootstrap = values
+    return (batch.returns + batch.discounts * bootstrap - q_taken).abs()
+
+
 # ---------------------------------------------------------------- parts and run
 
 
@@ -244,6 +263,7 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
         make_loss=functools.partial(ApexLoss, target_update_interval=cfg.target_update_interval,
                                     huber_delta=cfg.huber_delta),
         initial_priorities=initial_priorities,
+        acting_priorities=acting_priorities if cfg.actor_priorities == "acting" else None,
         transform_rewards=functools.partial(losses.clip_rewards, mode=cfg.reward_clipping),
         experience=NStepFormat(cfg.n_step, cfg.discount),
         batch_size=cfg.batch_size,

@@ -129,8 +129,8 @@ def run_name(agent: str, game: str, seed: int) -> str:
 # preset has since come to name a value that was the agent's default when those runs ran,
 # because the default moved. preset -> {fingerprint: what the preset now names}.
 SAME_SETTINGS_AS_TODAY: dict[str, dict[str, str]] = {
-    "minatar_apex": {"f5234848dd8e": "torch's RMSProp and greedy evaluation, Ape-X's "
-                                     "defaults until 2026-11-27"},
+    "minatar_apex": {"f5234848dd8e": "torch's RMSProp, greedy evaluation and recomputed "
+                                     "initial priorities, Ape-X's defaults until 2026-11-27"},
     "minatar_r2d2": {"b28a346b59fd": "torch's Adam, weight pulls every 100 steps, greedy "
                                      "evaluation and recomputed initial priorities, R2D2's "
                                      "defaults until 2026-11-27"},

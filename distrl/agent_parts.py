@@ -86,6 +86,7 @@ class ReplayAgentParts:
     # Where this agent's settings sit in the config, for messages naming one of them
     # (SEED nests its learner's under agent.impala / agent.r2d2).
     settings_path: str = "agent"
-    # (acting Q values [K, L, A], batch) -> priorities, from the Q values the actor computed
-    # while acting (the writer's ``acting_q``); None: every batch takes initial_priorities
-    acting_priorities: Optional[Callable[[torch.Tensor, Any], torch.Tensor]] = None
+    # (acting values, batch) -> priorities, from the Q values the actor computed while
+    # acting (the experience format's ``acting_values``: Ape-X's taken and bootstrap values,
+    # R2D2's [K, L, A]); None: every batch takes initial_priorities
+    acting_priorities: Optional[Callable[[Any, Any], torch.Tensor]] = None

@@ -134,10 +134,10 @@ def build_replay_actor(
     experience = parts.experience
 
     def prioritise_and_emit(writer: Any, batch: ReplayBatch) -> None:
-        acting_q = getattr(writer, "acting_q", None)
-        if parts.acting_priorities is not None and acting_q is not None:
+        acting = experience.acting_values(writer)
+        if parts.acting_priorities is not None and acting is not None:
             with timed_forward(stats):  # no forward: the Q values came with the steps
-                priorities = parts.acting_priorities(acting_q, batch)
+                priorities = parts.acting_priorities(acting, batch)
         else:
             sample = experience.as_sample(writer, batch)
             with timed_forward(stats):

@@ -247,10 +247,11 @@ class SeedReplaySource(_ServerSource):
     def _prioritise_and_emit(self, writer: Any, batch: ReplayBatch) -> None:
         """Runs in the server: initial priorities with the inference model, then to the
         learner (directly in serial mode, else through a bounded queue)."""
-        parts, acting_q = self.ctx.parts, getattr(writer, "acting_q", None)
-        if parts.acting_priorities is not None and acting_q is not None:
+        parts = self.ctx.parts
+        acting = parts.experience.acting_values(writer)
+        if parts.acting_priorities is not None and acting is not None:
             with timed_forward(self.stats):  # from the inference outputs, as seed_rl does
-                priorities = parts.acting_priorities(acting_q, batch).float()
+                priorities = parts.acting_priorities(acting, batch).float()
         else:
             sample = to_device(parts.experience.as_sample(writer, batch), self.device)
             with self.weights.lock, timed_forward(self.stats):

@@ -1,5 +1,5 @@
-"""R2D2's initial priorities from the Q values the actor computed while acting (seed_rl's
-R2D2): the same numbers as a fresh unroll of each new sequence from
+"""R2D2's and Ape-X's initial priorities from the Q values the actor computed while acting
+(seed_rl's R2D2; Ape-X's actors): the same numbers as a fresh unroll of each new sequence from
 its stored state with the same weights, without that second forward pass; a batch with a
 step whose Q values were not recorded falls back to the fresh unroll."""
 
@@ -10,11 +10,13 @@ import dataclasses
 import pytest
 import torch
 
-from agents import r2d2
+from agents import apex, r2d2
 from distrl.actor import reset_core_state
 from distrl.config import ConfigError, EnvConfig, ModelConfig
 from distrl.envs import make_envs
+from distrl.replay.formats import NStepFormat
 from distrl.replay.sequence_writer import SequenceWriter
+from distrl.replay.writers import NStepWriter
 
 SETTINGS = {"burn_in": 4, "trace_length": 8, "n_step": 2, "discount": 0.99,
             "rescale_epsilon": 1e-3, "priority_eta": 0.9}
@@ -104,3 +106,57 @@ def test_the_setting_is_checked_and_reaches_the_parts():
     assert r2d2.parts(r2d2.R2D2Config()).acting_priorities is not None
     recompute = dataclasses.replace(r2d2.R2D2Config(), actor_priorities="recompute")
     assert r2d2.parts(recompute).acting_priorities is None
+
+
+def play_apex(steps: int, num_envs: int = 4, checked: dict | None = None):
+    """CartPole played by Ape-X's epsilon-greedy policy into 3-step transitions; each
+    flushed batch's acting priorities are compared with the actor network run again."""
+    torch.manual_seed(0)
+    model = apex.make_network((4,), 2, ModelConfig(hidden_size=16, head_size=16)).eval()
+    policy = apex.EpsilonGreedyPolicy(model, torch.full((num_envs,), 0.3),
+                                      torch.Generator().manual_seed(1))
+    envs = make_envs(EnvConfig(id="CartPole-v1"), num_envs, seed=0)
+    writer = NStepWriter(num_envs, n=3, discount=0.99, frame_stack=None)
+    observations = torch.from_numpy(envs.reset())
+    writer.begin(observations)
+    for _ in range(steps):
+        output = policy(observations)
+        step = envs.step(output.actions.numpy())
+        observations = torch.from_numpy(step.observations)
+        writer.add(output.actions, torch.from_numpy(step.rewards), observations,
+                   torch.from_numpy(step.terminated), torch.from_numpy(step.truncated),
+                   q_values=output.extras["q"])
+        batch = writer.flush()
+        if batch is not None and checked is not None:
+            fresh = apex.initial_priorities(model, NStepFormat(3, 0.99).as_sample(writer, batch))
+            assert writer.acting_values is not None
+            assert torch.allclose(apex.acting_priorities(writer.acting_values, batch), fresh,
+                                  rtol=1e-5, atol=1e-6)
+            checked["batches"] += 1
+            checked["ended"] += int((batch.discounts == 0).any())
+    envs.close()
+    return writer
+
+
+def test_apex_priorities_from_acting_equal_the_network_run_again():
+    checked = {"batches": 0, "ended": 0}
+    play_apex(120, checked=checked)
+    # episodes end within the 120 steps: transitions with discount 0 were checked too
+    assert checked["batches"] > 50 and checked["ended"] > 0
+
+
+def test_apex_full_transitions_wait_one_step_for_their_bootstrap_and_survive_a_checkpoint():
+    writer = play_apex(7)
+    waiting = sum(map(len, writer._waiting))
+    assert waiting == 4  # each env's last full transition waits for the next step's Q values
+    restored = NStepWriter(4, n=3, discount=0.99, frame_stack=None)
+    restored.load_state_dict(writer.state_dict())
+    assert restored._waiting == writer._waiting and restored.pending() == writer.pending()
+
+
+def test_apex_setting_is_checked_and_reaches_the_parts():
+    with pytest.raises(ConfigError, match="agent.actor_priorities must be one of acting, "
+                                          "recompute; got 'fresh'"):
+        apex.ApexConfig(actor_priorities="fresh")
+    assert apex.parts(apex.ApexConfig()).acting_priorities is not None
+    assert apex.parts(apex.ApexConfig(actor_priorities="recompute")).acting_priorities is None

@@ -19,7 +19,9 @@ PRIORITY_SLEEP_S = 0.15  # far above what writing a CartPole batch costs, even o
 
 
 def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tmp_path):
-    cfg = compose_preset(tmp_path, "apex_cartpole", "split", "distributed.actors=0")
+    # recompute: the priorities run the actor's network (acting ones reuse its outputs)
+    cfg = compose_preset(tmp_path, "apex_cartpole", "split", "distributed.actors=0",
+                         "agent.actor_priorities=recompute")
     settings = RunSettings.from_config(cfg, apex.CONVENTIONS)
     parts = apex.parts(cfg.agent)
     calls = []

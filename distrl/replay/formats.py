@@ -59,6 +59,10 @@ class NStepFormat:
         """Transitions store no recurrent state: ``state_size`` is not used."""
         return TransitionStorage(capacity, frame_shape, frame_dtype, frame_stack)
 
+    def acting_values(self, writer: NStepWriter) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The last flushed batch's acting Q values (taken, bootstrap), or None."""
+        return writer.acting_values
+
     def as_sample(self, writer: NStepWriter, batch: TransitionBatch) -> SampleBatch:
         observations, next_observations = rebuild_observations(batch, writer.frame_stack)
         k = batch.size
@@ -140,6 +144,10 @@ class SequenceFormat:
         return SequenceStorage(capacity, self.length, frame_shape, frame_dtype, frame_stack,
                                frame_capacity, self.stream_window(num_envs, flush_steps, stack),
                                state_size)
+
+    def acting_values(self, writer: SequenceWriter) -> Optional[torch.Tensor]:
+        """The last flushed batch's acting Q values ``[K, L, A]``, or None."""
+        return writer.acting_q
 
     def as_sample(self, writer: SequenceWriter, batch: SequenceBatch) -> SequenceSample:
         return writer.as_sample(batch)

@@ -47,7 +47,7 @@ episode end emits all of that env's pending steps at once).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -63,6 +63,7 @@ class _Step(NamedTuple):
     observation: FrameIds
     action: int
     reward: float
+    q_taken: Optional[float] = None  # the actor's Q(observation, action), if recorded
 
 
 class _Transition(NamedTuple):
@@ -71,6 +72,9 @@ class _Transition(NamedTuple):
     action: int
     return_: float
     discount: float
+    q_taken: Optional[float] = None  # the actor's Q(s_t, a_t) while acting, if recorded
+    # max_a Q(s_{t+n}, a) while acting on s_{t+n} (0 with discount 0), if recorded
+    bootstrap: Optional[float] = None
 
 
 def _is_int(x: Any) -> bool:
@@ -141,6 +145,12 @@ class NStepWriter:
         self._windows: list[deque[_Step]] = [deque() for _ in range(self.num_envs)]
         self._current: list[FrameIds] = [() for _ in range(self.num_envs)]
         self._emitted: list[_Transition] = []
+        # Full transitions waiting for the acting Q values of their next observation, which
+        # come with the next step (only while the steps bring Q values).
+        self._waiting: list[list[_Transition]] = [[] for _ in range(self.num_envs)]
+        # (q_taken [K], bootstrap [K]) of the last flushed batch, from the actor's acting Q
+        # values; None where some transition of it had none recorded
+        self.acting_values: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     # ------------------------------------------------------------------ stepping
 
@@ -164,6 +174,7 @@ class NStepWriter:
         else:
             for env in range(self.num_envs):
                 self._windows[env].clear()
+                self._release_waiting(env, None)  # their next observation is never acted on
         kept = observations.clone()  # the caller may reuse its buffer
         for env in range(self.num_envs):
             self._current[env] = self._store_first(kept[env])
@@ -176,6 +187,7 @@ class NStepWriter:
         terminated: torch.Tensor,
         truncated: torch.Tensor,
         core_state: tuple[torch.Tensor, ...] = (),
+        q_values: Optional[torch.Tensor] = None,
     ) -> None:
         """Record one batched env step (``core_state`` is ignored, as in :meth:`begin`).
 
@@ -187,6 +199,10 @@ class NStepWriter:
           terminated: [N] bool, the episode reached a terminal state.
           truncated: [N] bool, the episode was cut (a time limit): its pending steps are
             dropped (where ``terminated`` is also set, termination wins).
+          q_values: [N, A] the Q values ``a_t`` was chosen from, or None. Kept with the
+            step; a full transition then waits for the next step's, its bootstrap, before
+            it is emitted, so that a flushed batch's initial priorities need no forward
+            pass (:attr:`acting_values`).
         """
         if self._observation_shape is None:
             raise RuntimeError("NStepWriter.add before begin")
@@ -198,6 +214,14 @@ class NStepWriter:
         cut = (truncated & ~terminated).tolist()
         action_list = actions.tolist()
         reward_list = [float(r) for r in rewards.tolist()]
+        taken: list[Optional[float]] = [None] * self.num_envs
+        best: list[Optional[float]] = [None] * self.num_envs
+        if q_values is not None:
+            q = q_values.detach().float().cpu()
+            taken = q.gather(1, actions.view(-1, 1).cpu()).squeeze(1).tolist()
+            best = q.max(dim=1).values.tolist()
+        for env in range(self.num_envs):  # the last step's full transitions bootstrap here
+            self._release_waiting(env, best[env])
         # One copy per call, not per frame: the stored frames are views into these clones.
         if self.frame_stack is None:
             newest = observations.clone()
@@ -210,7 +234,8 @@ class NStepWriter:
 
         for env in range(self.num_envs):
             window = self._windows[env]
-            window.append(_Step(self._current[env], action_list[env], reward_list[env]))
+            window.append(_Step(self._current[env], action_list[env], reward_list[env],
+                                taken[env]))
             if ended[env]:
                 if cut[env]:
                     window.clear()  # no bootstrap observation: see the module docstring
@@ -223,8 +248,12 @@ class NStepWriter:
                 # The n-th step did not end the episode: a full n-step transition.
                 return_ = self._discounted_sum([step.reward for step in window])
                 step = window.popleft()
-                self._emitted.append(_Transition(step.observation, self._current[env],
-                                                 step.action, return_, self._powers[self.n]))
+                done = _Transition(step.observation, self._current[env], step.action, return_,
+                                   self._powers[self.n], step.q_taken)
+                if step.q_taken is None:
+                    self._emitted.append(done)
+                else:
+                    self._waiting[env].append(done)
 
     def _end_episode(self, env: int) -> None:
         """Emit every pending step of terminated ``env`` with discount 0, oldest first."""
@@ -232,8 +261,14 @@ class NStepWriter:
         rewards = [step.reward for step in window]
         for j, step in enumerate(window):
             self._emitted.append(_Transition(step.observation, step.observation, step.action,
-                                             self._discounted_sum(rewards[j:]), 0.0))
+                                             self._discounted_sum(rewards[j:]), 0.0,
+                                             step.q_taken, 0.0))
         window.clear()
+
+    def _release_waiting(self, env: int, bootstrap: Optional[float]) -> None:
+        """Emit ``env``'s full transitions with their bootstrap value (None: unknown)."""
+        self._emitted += [t._replace(bootstrap=bootstrap) for t in self._waiting[env]]
+        self._waiting[env] = []
 
     def _discounted_sum(self, rewards: list[float]) -> float:
         """``sum_k gamma^k r_k`` in float64 (Python floats), left to right."""
@@ -258,7 +293,7 @@ class NStepWriter:
 
     def pending(self) -> int:
         """Steps recorded whose transitions are not emitted yet (summed over envs)."""
-        return sum(len(window) for window in self._windows)
+        return sum(len(window) for window in self._windows) + sum(map(len, self._waiting))
 
     def flush(self) -> TransitionBatch | None:
         """Everything emitted since the last flush as one self-contained batch, or None.
@@ -281,9 +316,15 @@ class NStepWriter:
             returns=torch.tensor([t.return_ for t in emitted], dtype=torch.float64).float(),
             discounts=torch.tensor([t.discount for t in emitted], dtype=torch.float32),
         )
+        self.acting_values = None
+        if all(t.q_taken is not None and t.bootstrap is not None for t in emitted):
+            self.acting_values = (torch.tensor([t.q_taken for t in emitted]),
+                                  torch.tensor([t.bootstrap for t in emitted]))
         # Keep only the frames that pending steps and current observations still need.
         live = {f for ids in self._current for f in ids}
         live.update(f for window in self._windows for step in window for f in step.observation)
+        live.update(f for waiting in self._waiting for t in waiting
+                    for f in t.observation + t.next_observation)
         self._frames = {f: frame for f, frame in self._frames.items() if f in live}
         return batch
 
@@ -308,11 +349,11 @@ class NStepWriter:
             "frame_ids": torch.tensor(frame_ids, dtype=torch.int64),
             "frames": (torch.stack([self._frames[f] for f in frame_ids]) if frame_ids
                        else None),
-            "windows": [[(list(s.observation), s.action, s.reward) for s in window]
+            "windows": [[(list(s.observation), s.action, s.reward, s.q_taken) for s in window]
                         for window in self._windows],
             "current": [list(ids) for ids in self._current],
-            "emitted": [(list(t.observation), list(t.next_observation), t.action, t.return_,
-                         t.discount) for t in self._emitted],
+            "emitted": [_saved(t) for t in self._emitted],
+            "waiting": [[_saved(t) for t in waiting] for waiting in self._waiting],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -330,13 +371,14 @@ class NStepWriter:
             frames = state["frames"].clone()  # do not alias the caller's state
             ids = state["frame_ids"].tolist()
             self._frames = dict(zip(ids, frames.unbind(0), strict=True))
+        # a state saved before the acting Q values were kept has none (3- and 5-tuples)
         for env, window in enumerate(state["windows"]):
-            self._windows[env].extend(_Step(tuple(obs), int(action), float(reward))
-                                      for obs, action, reward in window)
+            self._windows[env].extend(_Step(tuple(obs), int(action), float(reward), *rest)
+                                      for obs, action, reward, *rest in window)
         self._current = [tuple(ids) for ids in state["current"]]
-        self._emitted = [_Transition(tuple(obs), tuple(next_obs), int(action), float(return_),
-                                     float(discount))
-                         for obs, next_obs, action, return_, discount in state["emitted"]]
+        self._emitted = [_loaded(t) for t in state["emitted"]]
+        for env, waiting in enumerate(state.get("waiting", [])):
+            self._waiting[env] = [_loaded(t) for t in waiting]
 
     # ------------------------------------------------------------------ checks
 
@@ -361,6 +403,17 @@ class NStepWriter:
             raise ValueError(f"observations must have shape [{self.num_envs}, "
                              f"{self.frame_stack}, *frame_shape] (frame_stack={self.frame_stack})"
                              f", got {shape}")
+
+
+def _saved(t: _Transition) -> tuple:
+    return (list(t.observation), list(t.next_observation), t.action, t.return_, t.discount,
+            t.q_taken, t.bootstrap)
+
+
+def _loaded(saved: Any) -> _Transition:
+    obs, next_obs, action, return_, discount, *acting = saved
+    return _Transition(tuple(obs), tuple(next_obs), int(action), float(return_),
+                       float(discount), *acting)
 
 
 def rebuild_observations(
