@@ -160,3 +160,23 @@ def test_apex_setting_is_checked_and_reaches_the_parts():
         apex.ApexConfig(actor_priorities="fresh")
     assert apex.parts(apex.ApexConfig()).acting_priorities is not None
     assert apex.parts(apex.ApexConfig(actor_priorities="recompute")).acting_priorities is None
+
+
+def test_writer_states_saved_before_the_acting_values_still_load():
+    """A checkpoint written before the writers kept Q values: Ape-X's steps were 3-tuples,
+    its transitions 5-tuples with no waiting list; R2D2's records had 7 fields."""
+    state = play_apex(7).state_dict()
+    old = dict(state, windows=[[s[:3] for s in w] for w in state["windows"]],
+               emitted=[t[:5] for t in state["emitted"]])
+    del old["waiting"]
+    writer = NStepWriter(4, n=3, discount=0.99, frame_stack=None)
+    writer.load_state_dict(old)
+    assert all(s.q_taken is None for w in writer._windows for s in w)
+    assert sum(map(len, writer._windows)) == sum(map(len, state["windows"]))
+    _, sequences, _ = play(30)
+    state = sequences.state_dict()
+    old = dict(state, episodes=[[r[:7] for r in records] for records in state["episodes"]])
+    restored = SequenceWriter(4, burn_in=4, trace_length=8, period=4, bootstrap=2,
+                              frame_stack=None)
+    restored.load_state_dict(old)
+    assert all(r.q is None for records in restored._episodes for r in records)
