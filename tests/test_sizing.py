@@ -248,8 +248,9 @@ def test_auto_on_atari_uses_the_measurement_keeps_given_numbers_and_records_the_
     seen = {}
 
     def fake_measure(env_cfg, make_model, per_group, learner_batch, passes, max_threads,
-                     device):
-        seen.update(per_group=per_group, learner_batch=learner_batch, passes=passes)
+                     device, precision):
+        seen.update(per_group=per_group, learner_batch=learner_batch, passes=passes,
+                    precision=precision)
         return costs(83, 25, {1: 86, 2: 53})
 
     monkeypatch.setattr(sizing, "measure_costs", fake_measure)
@@ -262,7 +263,8 @@ def test_auto_on_atari_uses_the_measurement_keeps_given_numbers_and_records_the_
     dist = resolved.distributed
     assert (dist.actors, dist.envs_per_actor, dist.env_groups, dist.learner_threads) == (
         1, 64, 4, 1)
-    assert seen == {"per_group": 32, "learner_batch": sizing.LEARNER_BATCH, "passes": 1.0}
+    assert seen == {"per_group": 32, "learner_batch": sizing.LEARNER_BATCH, "passes": 1.0,
+                    "precision": "float32"}
     assert lines[0] == ("[distrl] auto sizing on 2 cores: distributed.actors=1 "
                         "distributed.envs_per_actor=64 distributed.learner_threads=1")
     assert "actors: 1\n" in resolved.config_text

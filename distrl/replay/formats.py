@@ -43,9 +43,11 @@ class NStepFormat:
 
     def max_batch(self, num_envs: int, flush_steps: int, stack: int) -> tuple[int, int]:
         """``(items, frames)`` of the largest batch ``flush_steps`` steps can emit: every
-        step could end an episode, whose next observation stores a whole stack."""
-        return (num_envs * (flush_steps + self.n - 1),
-                num_envs * (flush_steps + self.n + stack) * stack)
+        step could end an episode, whose next observation stores a whole stack, and with
+        acting Q values each env's last full transition of the previous flush, held for
+        its bootstrap value, comes out in this one."""
+        return (num_envs * (flush_steps + self.n),
+                num_envs * (flush_steps + self.n + 1 + stack) * stack)
 
     def item_fields(self, stack: int, state_size: int) -> ItemFields:
         return {"observation_frames": ((stack,), torch.int64),
