@@ -274,9 +274,8 @@ class SequenceWriter:
         for slot, step in enumerate(range(first_slot, first_slot + self.length)):
             real = 0 <= step <= last
             record = records[min(max(step, 0), last) - first]
-            q_values.append(record.q if real and slot >= self.burn_in else None)
-            if real and slot >= self.burn_in and record.q is None:
-                q_values[-1] = _MISSING
+            needs_q = real and slot >= self.burn_in  # a trained or bootstrap step
+            q_values.append((_MISSING if record.q is None else record.q) if needs_q else None)
             observation.append(record.observation)
             prev_action.append(record.prev_action if real else -1)
             prev_reward.append(record.prev_reward if real else 0.0)
