@@ -15,6 +15,7 @@ path. The ``kernel`` setting picks between them:
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Optional
 
 import torch
@@ -28,12 +29,26 @@ class KernelError(RuntimeError):
     """``kernel=compiled`` was asked for an op that is not built for that device."""
 
 
+OPT_OUT = "DISTRL_NO_EXTENSION"  # =1: run without distrl._C, on the reference ops
+
+
 def _load() -> Optional[str]:
-    """Import distrl._C (which registers the ops); the error text if that fails."""
+    """Import distrl._C (which registers the ops); why not, when it is not loaded.
+
+    Three cases read differently: an explicit opt-out (``DISTRL_NO_EXTENSION=1``), a
+    package with no ``_C`` file (never built), and a ``_C`` file that fails to load (a
+    bad dlopen, an ABI mismatch with this torch), the one that hides a broken install.
+    """
+    if os.environ.get(OPT_OUT) == "1":
+        return f"disabled by {OPT_OUT}=1"
     try:
         importlib.import_module("distrl._C")
-    except ImportError as error:
-        return str(error)
+    except ModuleNotFoundError as error:
+        if error.name != "distrl._C":
+            return f"distrl._C failed to load: {error}"
+        return "No module named 'distrl._C' (not built)"
+    except (ImportError, OSError) as error:
+        return f"distrl._C failed to load: {error}"
     return None
 
 
@@ -49,6 +64,11 @@ def has_extension() -> bool:
 def extension_error() -> Optional[str]:
     """Why ``distrl._C`` did not load, or None when it did."""
     return _LOAD_ERROR
+
+
+def extension_opted_out() -> bool:
+    """Whether ``DISTRL_NO_EXTENSION=1`` asked to run without ``distrl._C``."""
+    return os.environ.get(OPT_OUT) == "1"
 
 
 def has_kernel(op: str, device: torch.device | str) -> bool:

@@ -442,6 +442,7 @@ def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_impala_learns_cartpole_with_two_learner_ranks(tmp_path):
     """2 learner ranks, each with 32 envs in its own process, reach a mean of 450 (the
     one-rank threshold; under torchrun the mean over ranks of each one's last 20
@@ -477,6 +478,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_apex_learns_cartpole_with_two_learner_ranks(tmp_path):
     """Ape-X with 2 learner ranks (one process each, 8 envs and a replay shard per rank)
     reaches the one-rank threshold of 450 (mean over ranks of each one's last 20 episodes)

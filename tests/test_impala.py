@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from marks import needs_extension
 from presets import compose_run
 
 from agents import impala
@@ -43,8 +44,7 @@ def cartpole_config(tmp_path, name: str, actors: int = 0, total_frames: int = CA
 
 KERNELS = [
     "reference",
-    pytest.param("compiled", marks=pytest.mark.skipif(not ops.has_extension(),
-                                                      reason="distrl._C is not built")),
+    pytest.param("compiled", marks=needs_extension),
 ]
 
 
@@ -253,6 +253,7 @@ def test_stop_at_return_ends_the_run_once_the_last_20_episodes_reach_it(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_learns_cartpole_in_one_process(tmp_path):
     """``python run.py``: IMPALA with its CartPole learning rate (agent_env/impala_CartPole)."""
     result = impala.run(compose_run(tmp_path, "serial"))
@@ -261,6 +262,7 @@ def test_learns_cartpole_in_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_actor_processes(tmp_path):
     result = impala.run(compose_run(tmp_path, "actors", "distributed.actors=2",

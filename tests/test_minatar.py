@@ -337,6 +337,7 @@ def _random_breakout_return(episodes: int = 1000) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_impala_beats_random_play_on_minatar_breakout(tmp_path) -> None:
     """The MinAtar IMPALA preset with 2 actor processes: after 1M frames (about two minutes

@@ -9,14 +9,21 @@ when the extension is missing.
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from marks import needs_extension
 from reference import vtrace_naive
 
 from distrl import ops, vtrace
 from distrl.config import KERNELS
 
-needs_extension = pytest.mark.skipif(not ops.has_extension(), reason="distrl._C is not built")
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=[
@@ -242,3 +249,50 @@ def test_compiled_without_cuda_kernels_is_refused_for_cuda():
         ops.use_compiled("compiled", "vtrace", "cuda")
     assert ops.use_compiled("auto", "vtrace", "cuda") is False
     assert "distrl._C has no cuda kernels" in ops.kernel_summary("auto", "cuda")
+
+
+def _suite_copy(tmp_path, so_bytes: bytes | None):
+    """distrl's Python files and tests/conftest.py in ``tmp_path``, with ``_C`` replaced.
+
+    ``so_bytes`` is written as the extension's file (None: no file, as when never built),
+    and one trivial test sits beside the conftest.
+    """
+    package = Path(ops.__file__).parent
+    shutil.copytree(package, tmp_path / "distrl",
+                    ignore=shutil.ignore_patterns("__pycache__", "_C*"))
+    if so_bytes is not None:
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+        (tmp_path / "distrl" / f"_C{suffix}").write_bytes(so_bytes)
+    (tmp_path / "tests").mkdir()
+    shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "test_one.py").write_text("def test_one():\n    assert True\n")
+
+
+def _pytest_in(tmp_path, **env_extra: str):
+    env = {name: value for name, value in os.environ.items() if name != ops.OPT_OUT}
+    env.update(PYTHONPATH=str(tmp_path), **env_extra)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_a_corrupted_extension_stops_the_suite_naming_the_load_error(tmp_path):
+    _suite_copy(tmp_path, so_bytes=b"not an ELF file")
+    result = _pytest_in(tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "distrl._C did not load: distrl._C failed to load:" in out
+    assert "invalid ELF header" in out or "file too short" in out
+    # The explicit opt-out runs the suite without it.
+    opted_out = _pytest_in(tmp_path, DISTRL_NO_EXTENSION="1")
+    assert opted_out.returncode == 0, opted_out.stdout + opted_out.stderr
+    assert "1 passed" in opted_out.stdout
+
+
+def test_a_missing_extension_stops_the_suite_saying_it_was_not_built(tmp_path):
+    _suite_copy(tmp_path, so_bytes=None)
+    result = _pytest_in(tmp_path)
+    assert result.returncode == 1
+    assert "distrl._C did not load: No module named 'distrl._C' (not built)" in (
+        result.stdout + result.stderr)

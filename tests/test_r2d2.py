@@ -311,6 +311,7 @@ EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
     """The whole budget, then 50 greedy episodes of the final weights: the recurrent
     agent scores a mean of at least 400 of 500, the same agent with its LSTM swapped for
@@ -331,6 +332,7 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
     """The same settings and budget with 2 actor processes (4 envs each, the same 8

@@ -167,6 +167,7 @@ def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path, capfd):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_learns_cartpole_in_one_process(tmp_path):
     """The last 20 episodes reach a mean of 450 within the budget (the run then stops)."""
     result = apex.run(preset(tmp_path, "serial", "stop_at_return=450"))
@@ -175,6 +176,7 @@ def test_learns_cartpole_in_one_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_actor_processes(tmp_path):
     """As in one process, 450 within the budget. It is checked when reached, not at the

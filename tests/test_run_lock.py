@@ -145,6 +145,7 @@ def _run_py(tmp_path: Path, hydra: str, *overrides: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_second_run_py_on_a_running_directory_exits_2_naming_the_owner(
     tmp_path: Path
 ) -> None:

@@ -469,6 +469,7 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_its_cause(tmp_path, capfd
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
     result = seed.run(compose_run(tmp_path, "workers", "agent=seed", "distributed.actors=2",

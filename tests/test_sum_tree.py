@@ -44,8 +44,9 @@ def _device_marks(device: str) -> list:
 
 
 def _compiled_mark(device: str):
+    why = ops.extension_error() or "built without them"
     return pytest.mark.skipif(not _has_compiled(device),
-                              reason=f"distrl._C has no {device} sum-tree kernels")
+                              reason=f"distrl._C has no {device} sum-tree kernels ({why})")
 
 
 @dataclass(frozen=True)

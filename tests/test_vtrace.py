@@ -14,9 +14,10 @@ import re
 import numpy as np
 import pytest
 import torch
+from marks import needs_extension
 from reference import vtrace_naive
 
-from distrl import ops, vtrace
+from distrl import vtrace
 from distrl.vtrace import VTraceReturns, action_log_probs, from_importance_weights, from_logits
 
 SHAPES = [(1, 1), (1, 5), (7, 3), (20, 8)]
@@ -26,8 +27,7 @@ SHAPES = [(1, 1), (1, 5), (7, 3), (20, 8)]
     autouse=True,
     params=[
         "reference",
-        pytest.param("compiled", marks=pytest.mark.skipif(
-            not ops.has_extension(), reason="distrl._C is not built")),
+        pytest.param("compiled", marks=needs_extension),
     ],
 )
 def kernel(request, monkeypatch):
