@@ -1,33 +1,43 @@
 """Where an actor's seconds go on the console (env / forward / copy): a replay actor's
-initial-priority forward is network time, counted as forward, not as copying."""
+initial-priority forward is network time, counted as forward, not as copying.
+
+The counters read a fake clock (tests/fake_clock.py) that the stand-in priority function
+moves by PRIORITY_S each call: every one of those seconds must land in ``policy_s`` and
+none in ``copy_s``, whatever the machine's speed. The SEED server's clock also runs with
+the real one (its batching waits on deadlines read from it), so there the real seconds of
+its forwards and copies come on top; they are a few, not hundreds."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
+import fake_clock
 from presets import compose_preset
 
 from agents import apex, r2d2, seed
+from distrl import actor as actor_module
+from distrl import inference, seed_sources
 from distrl.actor import ActorStats
 from distrl.replay_sources import ReplayTopology, build_replay_actor
 from distrl.run_settings import RunSettings
 from distrl.seed_sources import SeedReplaySource
 from distrl.weights import WeightStore
 
-PRIORITY_SLEEP_S = 0.15  # far above what writing a CartPole batch costs, even on a busy machine
+PRIORITY_S = 100.0  # what each initial-priority call costs on the fake clock
 
 
-def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tmp_path):
+def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tmp_path,
+                                                                             monkeypatch):
     # recompute: the priorities run the actor's network (acting ones reuse its outputs)
     cfg = compose_preset(tmp_path, "apex_cartpole", "split", "distributed.actors=0",
                          "agent.actor_priorities=recompute")
     settings = RunSettings.from_config(cfg, apex.CONVENTIONS)
     parts = apex.parts(cfg.agent)
     calls = []
+    clock = fake_clock.install(monkeypatch, actor_module)
 
     def slow_priorities(model, batch):
-        time.sleep(PRIORITY_SLEEP_S)
+        clock.advance(PRIORITY_S)
         calls.append(batch)
         return apex.initial_priorities(model, batch)
 
@@ -44,11 +54,10 @@ def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tm
             actor.step()
     finally:
         actor.close()
-    slept = len(calls) * PRIORITY_SLEEP_S
     assert len(calls) == len(emitted) == 3
-    assert stats.policy_s >= slept
-    # Before the fix the sleeps were inside the copy block and counted there.
-    assert stats.copy_s < slept / 2, (stats.copy_s, slept)
+    assert stats.policy_s == 3 * PRIORITY_S
+    # Before the fix the priority forward was inside the copy block and counted there.
+    assert stats.copy_s == 0.0
 
 
 def test_seed_server_counts_the_initial_priority_forward_as_forward_not_copy(tmp_path,
@@ -56,10 +65,12 @@ def test_seed_server_counts_the_initial_priority_forward_as_forward_not_copy(tmp
     """SEED-R2D2's server computes the priorities of new sequences itself: its counters
     put that time under forward, not under copying."""
     calls, drained = [], []
+    clock = fake_clock.install(monkeypatch, actor_module, seed_sources, inference,
+                               on_real_clock=True)
     unpatched_priorities, unpatched_drain = r2d2.initial_priorities, SeedReplaySource.drain
 
     def slow_priorities(*args, **kwargs):
-        time.sleep(PRIORITY_SLEEP_S)
+        clock.advance(PRIORITY_S)
         calls.append(1)
         return unpatched_priorities(*args, **kwargs)
 
@@ -73,7 +84,7 @@ def test_seed_server_counts_the_initial_priority_forward_as_forward_not_copy(tmp
     # recompute: the priorities run the inference model (acting ones reuse its outputs)
     seed.run(compose_preset(tmp_path, "seed_r2d2_cartpole", "seed", "total_frames=3000",
                             "agent.r2d2.actor_priorities=recompute"))
-    slept = drained[-1][0] * PRIORITY_SLEEP_S  # the sleeps before the last drain
+    spent = drained[-1][0] * PRIORITY_S  # the priority calls before the last drain
     assert drained[-1][0] >= 5
-    assert sum(stats.policy_s for _, stats in drained) >= slept
-    assert sum(stats.copy_s for _, stats in drained) < slept / 2
+    assert sum(stats.policy_s for _, stats in drained) >= spent
+    assert sum(stats.copy_s for _, stats in drained) < PRIORITY_S  # not one call's worth

@@ -7,10 +7,12 @@ import itertools
 import queue
 import threading
 
+import fake_clock
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from distrl import queues
 from distrl.queues import FieldSpec, SlotPool, sentinel_for
 
 # T and E differ so a transpose of the wrong axes changes shapes, not just values.
@@ -87,18 +89,28 @@ def test_acquire_commit_take_release_round_trip() -> None:
         pool.take(1, timeout=0.01)
 
 
-def test_take_reports_the_time_it_waited() -> None:
+def test_acquire_and_take_report_the_seconds_they_waited_on_their_clock(monkeypatch) -> None:
+    """The learner's and actors' wait counters are what the pool's clock read between
+    the call and its return: 0 when a slot was there, the time until a commit otherwise."""
+    clock = fake_clock.install(monkeypatch, queues, start=10.0)
     pool = SlotPool(_specs(), num_slots=1)
     index, waited = pool.acquire(timeout=1.0)
-    assert waited < 0.05  # a free slot was there
-    timer = threading.Timer(0.2, pool.commit, args=(index,))
-    timer.start()
+    assert waited == 0.0  # a free slot was there
+    clock.read.clear()
+
+    def commit_later() -> None:
+        clock.read.wait()  # take() has started and read its clock
+        clock.advance(2.5)
+        pool.commit(index)
+
+    committer = threading.Thread(target=commit_later)
+    committer.start()
     try:
         taken, waited = pool.take(1, timeout=5.0)
     finally:
-        timer.join()
+        committer.join()
     assert taken == [index]
-    assert 0.15 <= waited < 4.0
+    assert waited == 2.5
 
 
 @pytest.mark.parametrize("order", [[1, 3], [3, 1]])

@@ -158,11 +158,9 @@ def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path, capfd):
     cfg = preset(tmp_path, "crash", "distributed.actors=2", "distributed.envs_per_actor=2",
                  "env.id=DistrlCrashAfter-v0", "env.imports=[crashing_env]",
                  "distributed.max_actor_restarts=2")
-    start = time.monotonic()
     with pytest.raises(TooManyRestarts, match=r"actor [01] exited with code 1: actors would "
                        r"be restarted 3 times, more than distributed\.max_actor_restarts=2"):
         apex.run(cfg)
-    assert time.monotonic() - start < 60
     assert capfd.readouterr().err.count("DistrlCrashAfter-v0 crashed on purpose") >= 3
 
 

@@ -155,10 +155,8 @@ def test_a_second_run_py_on_a_running_directory_exits_2_naming_the_owner(
     first = subprocess.Popen(_run_py(tmp_path, "hydra1", "total_frames=192000"), cwd=REPO,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (lock.exists() and lock.read_text()):
+        while not (lock.exists() and lock.read_text()):  # the test's time limit ends a hang
             assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the first run never took its lock"
             time.sleep(0.1)
         second = subprocess.run(_run_py(tmp_path, "hydra2", "total_frames=2560"), cwd=REPO,
                                 env=env, capture_output=True, text=True, timeout=120)
