@@ -24,7 +24,8 @@ def _check_time_major(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -
 
 
 def clip_rewards(rewards: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reward clipping applied by the learner; the actors always store raw rewards.
+    """Reward clipping: IMPALA's learner applies it to the raw rewards of an unroll;
+    Ape-X's actors apply it to each step's reward before the n-step sum (agents/apex.py).
 
     ``abs_one`` clips to [-1, 1] (Mnih et al. 2015; IMPALA Table G.1);
     ``soft_asymmetric`` is IMPALA's 5 * tanh(r / 5), scaled by 0.3 for negative r (its

@@ -6,6 +6,8 @@ an unroll or transition stitched from two actors' pieces, or cut short, shows at
 ``DistrlHangAfter-v0``: the same, but its 30th step never returns (a hung env).
 ``DistrlSlowCount-v0``: the same, but every step takes ``SLOW_STEP_S`` (a slow env, which
 makes a run actor-bound on purpose).
+``DistrlBigRewards-v0``: the same, but step ``t`` pays ``BIG_REWARDS[t % 3]``, rewards
+outside [-1, 1] for reward-clipping tests.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 EPISODE_STEPS = 40
 SLOW_STEP_S = 0.002
+BIG_REWARDS = (-7.0, 0.5, 3.0)
 
 
 class Count(gymnasium.Env):
@@ -50,7 +53,13 @@ class SlowCount(Count):
     step_s = SLOW_STEP_S
 
 
+class BigRewards(Count):
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, BIG_REWARDS[self.t % 3], terminated, truncated, info
+
+
 for _name, _entry in (("DistrlCount-v0", Count), ("DistrlHangAfter-v0", HangAfter),
-                      ("DistrlSlowCount-v0", SlowCount)):
+                      ("DistrlSlowCount-v0", SlowCount), ("DistrlBigRewards-v0", BigRewards)):
     if _name not in gymnasium.registry:
         gymnasium.register(_name, entry_point=_entry)

@@ -239,3 +239,47 @@ def test_writer_to_buffer_rebuilds_the_envs_stacked_observations():
                 assert torch.equal(sample.observations[k], shown[a])
     assert storage.frames_written > 2 * storage.frame_capacity
     assert storage.transitions_written > 2 * storage.capacity
+
+
+@pytest.mark.parametrize("mode", ["abs_one", "none"])
+def test_actors_clip_each_reward_before_the_n_step_sum(tmp_path, mode):
+    """Ape-X's actors store n-step returns of clipped rewards (Horgan et al. 2018, as DQN):
+    on an env paying -7, 0.5 and 3 in turn, each stored return is the discounted sum of
+    the clipped rewards after its observation, cut at the episode's end; with
+    ``reward_clipping=none`` the raw rewards (which shows the test can tell them apart)."""
+    import counting_env
+    from presets import compose_preset
+
+    from agents import apex
+    from distrl.actor import ActorStats
+    from distrl.replay_sources import ReplayTopology, build_replay_actor
+    from distrl.run_settings import RunSettings
+    from distrl.weights import WeightStore
+
+    cfg = compose_preset(tmp_path, "apex_cartpole", "clip", "distributed.actors=0",
+                         "distributed.envs_per_actor=2", "env.id=DistrlBigRewards-v0",
+                         "env.imports=[counting_env]", f"agent.reward_clipping={mode}")
+    settings = RunSettings.from_config(cfg, apex.CONVENTIONS)
+    parts = apex.parts(cfg.agent)
+    topology = ReplayTopology((4,), 2, None, parts.exploration(2))
+    model = parts.make_model(topology.obs_shape, topology.num_actions)
+    batches = []
+    actor = build_replay_actor(parts, settings, topology, model, WeightStore(model),
+                               lambda batch, priorities: batches.append(batch), 0, ActorStats())
+    try:
+        while sum(len(b.returns) for b in batches) < 200:
+            actor.step()
+    finally:
+        actor.close()
+    n, gamma = cfg.agent.n_step, cfg.agent.discount
+    clip = (lambda r: max(-1.0, min(1.0, r))) if mode == "abs_one" else (lambda r: r)
+    checked = 0
+    for batch in batches:
+        starts = batch.frames[batch.observation_frames[:, 0], 0].long().tolist()
+        for t, stored in zip(starts, batch.returns.tolist(), strict=True):
+            steps = range(t + 1, min(t + n, counting_env.EPISODE_STEPS) + 1)
+            want = sum(gamma ** k * clip(counting_env.BIG_REWARDS[s % 3])
+                       for k, s in enumerate(steps))
+            assert stored == pytest.approx(want, abs=1e-5), (t, stored, want)
+            checked += 1
+    assert checked >= 200
