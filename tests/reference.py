@@ -78,6 +78,76 @@ def vtrace_naive(
     return vs, pg_advantages
 
 
+def _log_softmax_naive(logits: np.ndarray) -> np.ndarray:
+    """log pi(a) = z_a - log sum_b exp(z_b), one row at a time."""
+    out = np.zeros_like(logits, dtype=np.float64)
+    for index in np.ndindex(logits.shape[:-1]):
+        row = [float(z) for z in logits[index]]
+        top = max(row)
+        log_total = top + math.log(sum(math.exp(z - top) for z in row))
+        out[index] = [z - log_total for z in row]
+    return out
+
+
+def impala_loss_naive(
+    target_logits: np.ndarray,
+    behaviour_logits: np.ndarray,
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    dones: np.ndarray,
+    values: np.ndarray,
+    *,
+    discount: float,
+    baseline_cost: float,
+    entropy_cost: float,
+    clip_rewards_to_one: bool,
+    normalize_advantages: bool,
+    lambda_: float = 1.0,
+) -> dict[str, float]:
+    """IMPALA's loss (Espeholt et al. 2018, Section 4.2) term by term, every term on.
+
+    ``L = -sum_t,b log pi(a_t|x_t) A_t + baseline_cost * 0.5 sum_t,b (v_t - V(x_t))^2
+    + entropy_cost * sum_t,b sum_a pi log pi``, with ``v_t`` and ``A_t`` from
+    :func:`vtrace_naive` (thresholds 1), rewards clipped to [-1, 1] when asked (Table G.1),
+    discounts 0 after a step that ended its episode, and the advantages standardised over
+    the batch (mean 0, sample standard deviation 1, PPO's convention) when asked.
+
+    Args:
+      target_logits, behaviour_logits: [T, B, A]; actions, rewards, dones: [T, B];
+      values: [T + 1, B], the last row the bootstrap value.
+
+    Returns:
+      ``policy``, ``baseline``, ``entropy`` (the unweighted terms) and ``total``.
+    """
+    log_pi = _log_softmax_naive(np.asarray(target_logits, np.float64))
+    log_mu = _log_softmax_naive(np.asarray(behaviour_logits, np.float64))
+    num_steps, batch = np.asarray(actions).shape
+    taken_pi = np.array([[log_pi[t, b, actions[t, b]] for b in range(batch)]
+                         for t in range(num_steps)])
+    taken_mu = np.array([[log_mu[t, b, actions[t, b]] for b in range(batch)]
+                         for t in range(num_steps)])
+    rewards = np.asarray(rewards, np.float64)
+    if clip_rewards_to_one:
+        rewards = np.array([[max(-1.0, min(1.0, r)) for r in row] for row in rewards])
+    discounts = np.array([[0.0 if done else discount for done in row] for row in dones])
+    values = np.asarray(values, np.float64)
+    vs, advantages = vtrace_naive(taken_pi - taken_mu, discounts, rewards, values[:-1],
+                                  values[-1], lambda_=lambda_)
+    if normalize_advantages:
+        flat = [float(a) for a in advantages.flatten()]
+        mean = sum(flat) / len(flat)
+        std = math.sqrt(sum((a - mean) ** 2 for a in flat) / (len(flat) - 1))
+        advantages = (advantages - mean) / (std + 1e-8)
+    policy = -sum(taken_pi[t, b] * advantages[t, b]
+                  for t in range(num_steps) for b in range(batch))
+    baseline = 0.5 * sum((vs[t, b] - values[t, b]) ** 2
+                         for t in range(num_steps) for b in range(batch))
+    entropy = sum(math.exp(lp) * lp for lp in log_pi.flatten())
+    total = policy + baseline_cost * baseline + entropy_cost * entropy
+    return {"policy": float(policy), "baseline": float(baseline), "entropy": float(entropy),
+            "total": float(total)}
+
+
 # ------------------------------------------------------------------ prioritized replay
 
 
