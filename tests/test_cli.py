@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from hydra._internal import utils as hydra_utils
 from hydra.core.global_hydra import GlobalHydra
 from presets import run_py_command, run_py_env
@@ -554,3 +555,35 @@ def test_resume_with_other_optimizer(capsys: pytest.CaptureFixture[str], run1: P
     assert snapshot(run1 / "checkpoints") == snapshot_subset(before, "checkpoints")
     assert_distrl_error(result, "resume", "optimizer")
     assert snapshot(run1) == before
+
+
+# ---------------------------------------------------------------- sweeps (-m)
+
+
+def _sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(REPO / "run.py"), "-m", *TINY_RUN,
+               f"log.dir={tmp_path / 'runs'}", "log.tensorboard=false", *overrides,
+               f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    return subprocess.run(command, cwd=REPO, env=run_py_env(), capture_output=True, text=True,
+                          timeout=TRAIN_TIMEOUT_S)
+
+
+def test_a_sweep_runs_each_job_to_its_own_run_directory(tmp_path: Path) -> None:
+    result = _sweep(tmp_path, "seed=0,1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert [run.name.split("-")[3] for run in runs] == ["seed0", "seed1"], runs
+    for seed, run in enumerate(runs):
+        saved = checkpoint.load(checkpoint.list_checkpoints(run / "checkpoints")[-1])
+        assert yaml.safe_load(saved["config"])["seed"] == seed
+        assert saved["counters"]["frames"] == 2560  # each job ran its whole budget
+
+
+def test_a_sweep_job_with_bad_input_ends_the_sweep_with_exit_2(tmp_path: Path) -> None:
+    """The first job trains; the second's bad batch size is one line and exit 2."""
+    result = _sweep(tmp_path, "agent.batch_size=32,0")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "distrl: error: agent.batch_size must be a positive number, got 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert checkpoint.list_checkpoints(run / "checkpoints")
