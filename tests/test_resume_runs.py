@@ -1,0 +1,89 @@
+"""Resuming the runs users stop and start again, beyond the one-process IMPALA and Ape-X
+runs (tests/test_impala.py, tests/test_replay_runner.py): IMPALA with actor processes,
+SEED-IMPALA and SEED-R2D2 with an env worker process. Each is stopped after a few
+updates, resumed from its checkpoint to the end of its budget, and must continue: the
+update and frame counters (SEED-R2D2 with its replay in the checkpoint), the
+learning-rate schedule (the final lr equals an uninterrupted run's), and tensorboard's
+curves, whose steps go on from the checkpoint instead of starting over."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from presets import compose_preset, compose_run
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import agents
+from distrl import checkpoint
+
+pytestmark = pytest.mark.dist
+
+RUNS = {
+    # name: (overrides, updates in the budget)
+    "impala_actor_processes": (("agent=impala", "env=CartPole", "distributed.actors=2",
+                                "distributed.envs_per_actor=16", "distributed.env_groups=1",
+                                "agent.batch_size=32", "agent.unroll_length=20",
+                                "total_frames=6400"), 10),
+    "seed_impala": (("agent=seed", "env=CartPole", "distributed.actors=1",
+                     "distributed.envs_per_actor=16", "distributed.env_groups=1",
+                     "agent.impala.batch_size=16", "agent.impala.unroll_length=20",
+                     "total_frames=3200"), 10),
+}
+SEED_R2D2 = ("seed_r2d2_cartpole", ("distributed.actors=1", "distributed.envs_per_actor=4",
+                                    "agent.r2d2.learning_starts=20", "agent.r2d2.batch_size=8",
+                                    "total_frames=3000", "checkpoint.replay=true"))
+STOP_AT = 4
+
+
+def _config(tmp_path: Path, name: str, run: str):
+    if name == "seed_r2d2":
+        cfg = compose_preset(tmp_path, SEED_R2D2[0], run, *SEED_R2D2[1])
+    else:
+        cfg = compose_run(tmp_path, run, *RUNS[name][0])
+    cfg.log.tensorboard = True
+    cfg.log.interval_s = 1e-9  # a report after every update
+    return cfg
+
+
+def _curve(run_dir: Path, key: str) -> list[tuple[int, float]]:
+    """(step, value) of ``key`` over every event file of the run, as tensorboard shows it
+    (a resumed writer's purge drops the events past its checkpoint)."""
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(key)]
+
+
+def _lr(state: dict) -> float:
+    return state["learner"]["optimizer"]["param_groups"][0]["lr"]
+
+
+@pytest.mark.parametrize("name", [*RUNS, "seed_r2d2"])
+def test_a_resumed_run_continues_its_counters_lr_and_curves(tmp_path, name):
+    run = agents.get
+    full_cfg = _config(tmp_path, name, "full")
+    full = run(full_cfg.agent.name).run(full_cfg)
+    part_cfg = _config(tmp_path, name, "part")
+    part = run(part_cfg.agent.name).run(part_cfg, should_stop=lambda updates: updates >= STOP_AT)
+    assert part["updates"] == STOP_AT
+    stopped_at = checkpoint.load(part["checkpoint"])["counters"]["frames"]
+    resumed_cfg = dataclasses.replace(_config(tmp_path, name, "part"), resume=part["checkpoint"])
+    resumed = run(resumed_cfg.agent.name).run(resumed_cfg)
+
+    assert resumed["run_dir"] == part["run_dir"]
+    if name == "seed_r2d2":  # updates follow the replay ratio as sequences arrive: timing
+        assert resumed["updates"] > STOP_AT and resumed["inserted"] > part["inserted"]
+    else:  # a batch of unrolls per update: the budget fixes the count
+        assert resumed["updates"] == full["updates"] > STOP_AT
+    assert resumed["frames"] >= full_cfg.total_frames and full["frames"] >= full_cfg.total_frames
+    assert _lr(checkpoint.load(resumed["checkpoint"])) == pytest.approx(
+        _lr(checkpoint.load(full["checkpoint"])), rel=1e-9, abs=1e-15)
+    # Tensorboard: one curve whose steps rise through the restart, the resumed process's
+    # updates going on from STOP_AT to the end.
+    curve = _curve(Path(part["run_dir"]), "learner/updates")
+    steps, updates = [s for s, _ in curve], [int(v) for _, v in curve]
+    assert steps == sorted(steps), steps  # (replay updates may come without new frames)
+    assert updates == sorted(set(updates)) and updates[-1] == resumed["updates"], updates
+    after = [u for s, u in zip(steps, updates, strict=True) if s > stopped_at]
+    assert after and after[0] > STOP_AT, (stopped_at, curve)
