@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from learning import learning_seed, report
 from marks import needs_extension
 from presets import compose_run
 from reference import impala_loss_naive
@@ -26,6 +27,8 @@ from distrl.types import Unroll
 # CartPole budget for the learning tests: 1.2M env frames (= agent steps). Measured on
 # 2 CPU cores: ~40 s in one process, ~30 s with 2 actor processes.
 CARTPOLE_FRAMES = 1_200_000
+
+IMPALA_TRAIN, IMPALA_EVAL = 450.0, 450.0  # CALIBRATE
 
 
 def cartpole_config(tmp_path, name: str, actors: int = 0, total_frames: int = CARTPOLE_FRAMES,
@@ -256,20 +259,30 @@ def test_stop_at_return_ends_the_run_once_the_last_20_episodes_reach_it(tmp_path
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_learns_cartpole_in_one_process(tmp_path):
-    """``python run.py``: IMPALA with its CartPole learning rate (agent_env/impala_CartPole)."""
-    result = impala.run(compose_run(tmp_path, "serial"))
+    """``python run.py``: IMPALA with its CartPole learning rate (agent_env/impala_CartPole),
+    the whole 1.2M frames, then 20 episodes of the final policy (sampling).
+    THRESHOLDS_IMPALA_SERIAL"""
+    seed = learning_seed()
+    result = impala.run(compose_run(tmp_path, "serial", f"seed={seed}", "eval.episodes=20"))
+    report("impala_serial", seed, result)
     assert result["frames"] >= CARTPOLE_FRAMES
-    assert result["mean_return_20"] >= 450, result["returns"][-20:]
+    assert result["mean_return_20"] >= IMPALA_TRAIN, result["returns"][-20:]
+    assert result["eval_return"] >= IMPALA_EVAL, result["eval_returns"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_actor_processes(tmp_path):
+    """As in one process, with 2 actor processes of 16 envs. THRESHOLDS_IMPALA_ACTORS"""
+    seed = learning_seed()
     result = impala.run(compose_run(tmp_path, "actors", "distributed.actors=2",
-                                    "distributed.envs_per_actor=16"))
+                                    "distributed.envs_per_actor=16", f"seed={seed}",
+                                    "eval.episodes=20"))
+    report("impala_actors", seed, result)
     assert result["frames"] >= CARTPOLE_FRAMES
-    assert result["mean_return_20"] >= 450, result["returns"][-20:]
+    assert result["mean_return_20"] >= IMPALA_TRAIN, result["returns"][-20:]
+    assert result["eval_return"] >= IMPALA_EVAL, result["eval_returns"]
 
 
 @pytest.mark.dist

@@ -14,6 +14,7 @@ import pytest
 import seed_envs
 import torch
 import torch.multiprocessing as mp
+from learning import learning_seed, report
 from presets import compose_preset, compose_run
 
 from agents import impala, r2d2, seed
@@ -33,6 +34,7 @@ from distrl.inference import InferenceServer, InferenceWeights, ServerThread
 from distrl.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
+SEED_TRAIN, SEED_EVAL = 450.0, 450.0  # CALIBRATE
 T = 5  # unroll length of the server tests
 
 
@@ -468,11 +470,16 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_its_cause(tmp_path, capfd
 @pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
+    """SEED-IMPALA with IMPALA's CartPole settings, the whole 1.2M frames, then 20 episodes
+    of the final policy. THRESHOLDS_SEED"""
+    run_seed = learning_seed()
     result = seed.run(compose_run(tmp_path, "workers", "agent=seed", "distributed.actors=2",
-                                  "distributed.envs_per_actor=16", "stop_at_return=450"))
-    print(f"SEED: mean {result['mean_return_20']:.1f} at {result['frames']:,} frames")
-    assert result["mean_return_20"] >= 450, result["returns"][-20:]
-    assert result["frames"] <= 1_200_000 + 20 * 32
+                                  "distributed.envs_per_actor=16", f"seed={run_seed}",
+                                  "eval.episodes=20"))
+    report("seed_impala_workers", run_seed, result)
+    assert result["frames"] >= 1_200_000
+    assert result["mean_return_20"] >= SEED_TRAIN, result["returns"][-20:]
+    assert result["eval_return"] >= SEED_EVAL, result["eval_returns"]
 
 
 def test_the_learner_publishes_into_the_inference_model():

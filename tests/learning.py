@@ -1,0 +1,30 @@
+"""The seeds of the learning tests (marked ``slow``) and the line each one prints.
+
+Each learning test runs TEST_SEED, on which no preset and no threshold was chosen; its
+thresholds come from runs of the same test on CALIBRATION_SEEDS, made with
+``python tests/calibrate_learning.py`` (which sets ``DISTRL_LEARNING_SEED``) and quoted in
+each test's docstring. A test judges the end of its budget: the final training mean of
+the last 20 episodes and, where the run has one, the evaluation of the final weights.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+TEST_SEED = 7
+CALIBRATION_SEEDS = (100, 101)
+SEED_VARIABLE = "DISTRL_LEARNING_SEED"
+
+
+def learning_seed() -> int:
+    """TEST_SEED, or the calibration seed ``tests/calibrate_learning.py`` asks for."""
+    return int(os.environ.get(SEED_VARIABLE, TEST_SEED))
+
+
+def report(name: str, seed: int, result: dict[str, Any]) -> None:
+    """One line the calibration script collects: the figures the test judges."""
+    evaluation = result.get("eval_return")
+    print(f"LEARNING {name} seed={seed} final_mean_20={result['mean_return_20']:.2f} "
+          f"eval={'none' if evaluation is None else f'{evaluation:.2f}'} "
+          f"frames={result['frames']}", flush=True)
