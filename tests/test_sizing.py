@@ -217,11 +217,15 @@ def test_the_learner_pass_is_timed_in_the_runs_precision(precision) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_gpu_learner_times_seed_inference_on_the_gpu() -> None:
+def test_a_gpu_learner_times_seed_inference_on_the_gpu(monkeypatch) -> None:
+    """A GPU learner also times the forward of one group's batch on the GPU (the third
+    timed call, 7 s here), per frame, and SEED's inference is charged at that cost."""
+    per_call = iter([2.0, 3.0, 7.0, 5.0])
+    monkeypatch.setattr(sizing, "_time", lambda fn, seconds, sync: next(per_call))
     measured = measure_pong("cuda")
-    # per frame (a per-call figure of 8 envs x 4 frames would be 32x), and the one used
-    assert 0 < measured.gpu_forward_s < 1000 * US
+    assert measured.gpu_forward_s == 7.0 / 32
     assert measured.inference_s == measured.gpu_forward_s
+    assert measured.learn_s == {1: 5.0 / 64 / 4}
 
 
 def settings_with(dist: DistributedConfig, env_id: str = "CartPole-v1") -> RunSettings:
