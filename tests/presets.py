@@ -4,6 +4,7 @@ or run ``python run.py`` itself in a subprocess as a user would."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,19 @@ def run_py(tmp_path: Path, *overrides: str, timeout: float = 180,
     return subprocess.run(run_py_command(tmp_path, *overrides), cwd=REPO,
                           env=run_py_env(tests_on_path), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def run_group(command: list[str], timeout: float, **kwargs: Any
+              ) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` for a command that starts processes of its own (torchrun and its
+    ranks): it runs in a new process group, and the whole group is killed if the call ends
+    any other way than by the command's exit (its timeout, the test's time limit)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from learning import learning_seed, report
+from presets import run_group
 from torch import nn
 
 from distrl.distributed import (
@@ -205,9 +206,9 @@ def test_a_rank_that_raises_ends_the_torchrun_job_non_zero_in_bounded_time(tmp_p
     script = tmp_path / "fail.py"
     script.write_text(FAILING_RANK.format(root=str(Path(__file__).resolve().parents[1])))
     # Bounded: the subprocess's own limit, not a measured duration, fails a hang.
-    proc = subprocess.run(
+    proc = run_group(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script)], capture_output=True, text=True, timeout=120)
+         str(script)], timeout=120)
     assert proc.returncode != 0
     assert "rank 1 fails on purpose" in proc.stdout + proc.stderr
 
@@ -233,10 +234,9 @@ if __name__ == "__main__":  # actor processes are spawned: they import this file
 
 
 def _torchrun(script: Path, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_group(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={nproc}", str(script)],
-        capture_output=True, text=True, timeout=timeout)
+         f"--nproc_per_node={nproc}", str(script)], timeout=timeout)
 
 
 def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path):
