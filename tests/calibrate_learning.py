@@ -4,7 +4,9 @@
 
 For each seed, runs ``pytest -m slow`` (or the tests ``-k`` selects) with
 ``DISTRL_LEARNING_SEED`` set, and appends every ``LEARNING ...`` line the tests print to
-``--out`` (default ``tests/learning_calibration.txt``) with the date. The thresholds in
+``--out`` (default ``tests/learning_calibration.txt``) with the date; pytest's whole
+output goes to ``--log`` (default ``calibrate_learning.log``), for a test that fails
+before its line. The thresholds in
 the learning tests' docstrings come from these lines; a test that fails on a calibration
 seed still prints its line first.
 """
@@ -28,6 +30,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(CALIBRATION_SEEDS))
     parser.add_argument("-k", default=None, help="pytest -k expression")
     parser.add_argument("--out", type=Path, default=TESTS / "learning_calibration.txt")
+    parser.add_argument("--log", type=Path, default=Path("calibrate_learning.log"))
     args = parser.parse_args()
     for seed in args.seeds:
         command = [sys.executable, "-m", "pytest", "-m", "slow", "-s", "-q", "-p",
@@ -37,6 +40,8 @@ def main() -> int:
                                 stderr=subprocess.STDOUT, text=True, cwd=TESTS.parent)
         assert proc.stdout is not None
         for line in proc.stdout:
+            with open(args.log, "a") as log:
+                log.write(line)
             if line.startswith("LEARNING "):
                 stamped = f"{datetime.date.today()} {line.strip()}"
                 print(stamped, flush=True)
