@@ -42,8 +42,8 @@ def main() -> int:
         for line in proc.stdout:
             with open(args.log, "a") as log:
                 log.write(line)
-            if line.startswith("LEARNING "):
-                stamped = f"{datetime.date.today()} {line.strip()}"
+            if "LEARNING " in line:  # after pytest's progress dots, when -q prints them
+                stamped = f"{datetime.date.today()} {line[line.index('LEARNING '):].strip()}"
                 print(stamped, flush=True)
                 with open(args.out, "a") as out:
                     out.write(stamped + "\n")

@@ -32,7 +32,9 @@ from distrl.learner import Learner, make_lr_schedule
 
 pytestmark = pytest.mark.dist
 WORLD = 2
-IMPALA_RANKS_TRAIN, APEX_RANKS_TRAIN = 450.0, 450.0  # CALIBRATE
+# 85% of the lower calibration figure, rounded down: IMPALA 468.7 / 455.0 and Ape-X
+# 500.0 / 500.0 on seeds 100 / 101 (tests/learning_calibration.txt).
+IMPALA_RANKS_TRAIN, APEX_RANKS_TRAIN = 380.0, 420.0
 
 
 def _free_port() -> int:
@@ -442,7 +444,8 @@ def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):
 def test_impala_learns_cartpole_with_two_learner_ranks(tmp_path):
     """2 learner ranks, each with 32 envs in its own process, for 2.4M frames of all ranks
     together: 1.2M per rank, the one-rank budget (an update takes one batch per rank);
-    judged on the mean over ranks of each one's last 20 episodes. THRESHOLDS_IMPALA_RANKS"""
+    judged on the mean over ranks of each one's last 20 episodes. Threshold:
+    IMPALA_RANKS_TRAIN (from seeds 100 and 101); runs seed 7."""
     seed = learning_seed()
     script = tmp_path / "learn.py"
     root = Path(__file__).resolve().parents[1]
@@ -478,7 +481,8 @@ if __name__ == "__main__":
 def test_apex_learns_cartpole_with_two_learner_ranks(tmp_path):
     """Ape-X with 2 learner ranks (one process each, 8 envs and a replay shard per rank)
     for 300k env steps of both ranks together, the one-rank budget of 150k per rank;
-    judged on the mean over ranks of each one's last 20 episodes. THRESHOLDS_APEX_RANKS"""
+    judged on the mean over ranks of each one's last 20 episodes. Threshold:
+    APEX_RANKS_TRAIN (from seeds 100 and 101); runs seed 7."""
     seed = learning_seed()
     proc, results = _train_agent(tmp_path, "learn", "+experiment=apex_cartpole",
                                  "total_frames=300000", f"seed={seed}", "eval.episodes=0",

@@ -309,7 +309,11 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
 
 
 EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
-R2D2_TRAIN, R2D2_EVAL, FEED_FORWARD_EVAL_BELOW = 250.0, 400.0, 400.0  # CALIBRATE
+# 85% of the lowest calibration figure, rounded down: training and greedy evaluation
+# 500.0 on seeds 100 and 101, in one process and with actors; the feed-forward control
+# scored 122.5 and 107.7 greedy, so it must stay below the recurrent agent's threshold
+# (tests/learning_calibration.txt).
+R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 420.0
 
 
 @pytest.mark.slow
@@ -341,7 +345,7 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
     """The same settings, budget and thresholds with 2 actor processes (4 envs each, the
     same 8 epsilons), and the learner keeping the replay ratio across processes.
-    THRESHOLDS_R2D2_ACTORS"""
+    Thresholds: R2D2_TRAIN, R2D2_EVAL (from seeds 100 and 101); runs seed 7."""
     seed = learning_seed()
     result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=null", "distributed.actors=2",
                              "distributed.envs_per_actor=4", f"eval.episodes={EVAL_EPISODES}",

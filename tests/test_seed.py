@@ -34,7 +34,9 @@ from distrl.inference import InferenceServer, InferenceWeights, ServerThread
 from distrl.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
-SEED_TRAIN, SEED_EVAL = 450.0, 450.0  # CALIBRATE
+# 85% of the lowest calibration figure, rounded down: training and evaluation 500.0 on
+# seeds 100 and 101 (tests/learning_calibration.txt).
+SEED_TRAIN, SEED_EVAL = 420.0, 420.0
 T = 5  # unroll length of the server tests
 
 
@@ -471,7 +473,8 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_its_cause(tmp_path, capfd
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
     """SEED-IMPALA with IMPALA's CartPole settings, the whole 1.2M frames, then 20 episodes
-    of the final policy. THRESHOLDS_SEED"""
+    of the final policy. Thresholds: SEED_TRAIN, SEED_EVAL (from seeds 100 and 101); runs
+    seed 7."""
     run_seed = learning_seed()
     result = seed.run(compose_run(tmp_path, "workers", "agent=seed", "distributed.actors=2",
                                   "distributed.envs_per_actor=16", f"seed={run_seed}",
