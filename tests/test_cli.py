@@ -2,10 +2,11 @@
 traceback and no damage; a finished run exits 0, one stopped by SIGINT / SIGTERM 130 /
 143 after its final checkpoint, one that fails 1 with its traceback.
 
-Most bad-input cases run in this process through run.py's own entry point (its hook on
-Hydra's error report, ``@hydra.main``, the code given to ``sys.exit``), only without a new
-interpreter; a few launch the real command line in a subprocess (the process's exit
-code, signals). Every run writes under ``tmp_path`` only.
+Most bad-input cases run in this process, through what ``python run.py`` runs: Hydra
+composes the config from the same overrides (its errors formatted by run.py's
+``format_error``, as run.py's hook formats them) and ``run.run(cfg)`` returns the exit
+code. A few cases launch the real command line in a subprocess (Hydra's hook, the
+process's exit code, signals). Every run writes under ``tmp_path`` only.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from hydra._internal import utils as hydra_utils
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from presets import run_py_command, run_py_env
 
 import run as run_py
@@ -63,30 +63,21 @@ def run_cli(tmp_path: Path, *overrides: str, timeout: float = ERROR_TIMEOUT_S,
 
 def run_in_process(capsys: pytest.CaptureFixture[str], log_dir: Path, *overrides: str
                    ) -> subprocess.CompletedProcess[str]:
-    """``python run.py <overrides>`` in this process, through run.py's own entry point:
-    its hook on Hydra's error report, ``@hydra.main`` and the exit code it gives
-    ``sys.exit``. Only the interpreter start and the imports are saved."""
+    """What ``python run.py <overrides>`` does, in this process: Hydra composes the config
+    (a bad override is formatted as run.py's hook formats it), then ``run.run``."""
     arguments = command_line(log_dir, overrides)
-    hydra_dir = Path(tempfile.mkdtemp(prefix="hydra-"))  # Hydra's own output, not the run's
-    argv = run_py_command(hydra_dir, *arguments)[1:]
-    # Imported as ``run`` rather than run as __main__, run.py's config_path would be read
-    # as a Python package; name the same folder as a path instead.
-    argv.insert(1, f"--config-path={REPO / 'experiments'}")
-    saved = sys.argv, hydra_utils.run_and_report, os.environ.pop("HYDRA_FULL_ERROR", None)
     capsys.readouterr()
-    sys.argv = argv
-    try:
-        run_py.report_command_line_errors_in_one_line()
-        run_py.main()
-        code = run_py.EXIT_FINISHED
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else run_py.EXIT_FAILED
-    finally:
-        sys.argv, hydra_utils.run_and_report = saved[0], saved[1]
-        if saved[2] is not None:
-            os.environ["HYDRA_FULL_ERROR"] = saved[2]
-        GlobalHydra.instance().clear()
-        shutil.rmtree(hydra_dir, ignore_errors=True)
+    with initialize_config_dir(config_dir=str(REPO / "experiments"), version_base="1.3"):
+        try:
+            cfg = compose("config", overrides=arguments)
+            # As @hydra.main does: the resume hook reads the command line from HydraConfig.
+            HydraConfig.instance().set_config(
+                compose("config", overrides=arguments, return_hydra_config=True))
+        except run_py.COMMAND_LINE_ERRORS as error:
+            print(run_py.format_error(error), file=sys.stderr, flush=True)
+            code = run_py.EXIT_BAD_INPUT
+        else:
+            code = run_py.run(cfg)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(arguments, code, out, err)
 
