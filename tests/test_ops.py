@@ -289,10 +289,3 @@ def test_a_corrupted_extension_stops_the_suite_naming_the_load_error(tmp_path):
     assert opted_out.returncode == 0, opted_out.stdout + opted_out.stderr
     assert "1 passed" in opted_out.stdout
 
-
-def test_a_missing_extension_stops_the_suite_saying_it_was_not_built(tmp_path):
-    _suite_copy(tmp_path, so_bytes=None)
-    result = _pytest_in(tmp_path)
-    assert result.returncode == 1
-    assert "distrl._C did not load: No module named 'distrl._C' (not built)" in (
-        result.stdout + result.stderr)

@@ -421,7 +421,8 @@ def test_a_new_lr_reaches_a_resumed_replay_learner(tmp_path: Path) -> None:
     """Ape-X (constant schedule) resumed through the Python API with another lr: the
     replay runner's restored optimizer takes it from the next update on."""
     common = ("agent.learning_starts=100", "agent.actor_buffer=50", "agent.replay_ratio=4.0",
-              "distributed.envs_per_actor=4", "total_frames=1000000")
+              "distributed.envs_per_actor=4", "total_frames=1000000",
+              "agent.optimizer.lr_schedule=constant")
     part = apex.run(compose_preset(tmp_path, "apex_cartpole", "part", *common),
                     should_stop=lambda updates: updates >= 2)
     assert lr_of(checkpoint.load(part["checkpoint"])) == 0.001  # the preset's
