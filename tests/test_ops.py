@@ -251,18 +251,14 @@ def test_compiled_without_cuda_kernels_is_refused_for_cuda():
     assert "distrl._C has no cuda kernels" in ops.kernel_summary("auto", "cuda")
 
 
-def _suite_copy(tmp_path, so_bytes: bytes | None):
-    """distrl's Python files and tests/conftest.py in ``tmp_path``, with ``_C`` replaced.
-
-    ``so_bytes`` is written as the extension's file (None: no file, as when never built),
-    and one trivial test sits beside the conftest.
-    """
+def _suite_copy(tmp_path, so_bytes: bytes):
+    """distrl's Python files and tests/conftest.py in ``tmp_path``, with ``so_bytes`` as
+    the extension's file, and one trivial test beside the conftest."""
     package = Path(ops.__file__).parent
     shutil.copytree(package, tmp_path / "distrl",
                     ignore=shutil.ignore_patterns("__pycache__", "_C*"))
-    if so_bytes is not None:
-        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-        (tmp_path / "distrl" / f"_C{suffix}").write_bytes(so_bytes)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "distrl" / f"_C{suffix}").write_bytes(so_bytes)
     (tmp_path / "tests").mkdir()
     shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "tests" / "conftest.py")
     (tmp_path / "tests" / "test_one.py").write_text("def test_one():\n    assert True\n")
