@@ -9,11 +9,16 @@ env worker process.
   env scores 0.
 - ``DistrlHang-v0``: DistrlCounter, but the envs of a worker's first generation (seeds
   below 10^6) sleep for an hour on their 5th step.
+- ``DistrlMarked-v0``: DistrlCounter whose first step writes the file ``stepped-<pid>``
+  into the folder ``$DISTRL_TEST_MARKER_DIR``: a test sees which worker processes have
+  had an action answered (so their unroll is open).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -51,6 +56,17 @@ class Hang(Counter):
     hang = True
 
 
+MARKER_DIR = "DISTRL_TEST_MARKER_DIR"
+
+
+class Marked(Counter):
+    def step(self, action):
+        if not getattr(self, "marked", False):
+            Path(os.environ[MARKER_DIR], f"stepped-{os.getpid()}").touch()
+            self.marked = True
+        return super().step(action)
+
+
 class Match(gymnasium.Env):
     observation_space = gymnasium.spaces.Box(0.0, 1e6, (2,), np.float32)
     action_space = gymnasium.spaces.Discrete(NUM_ACTIONS)
@@ -69,6 +85,6 @@ class Match(gymnasium.Env):
 
 
 for name, entry in (("DistrlCounter-v0", Counter), ("DistrlMatch-v0", Match),
-                    ("DistrlHang-v0", Hang)):
+                    ("DistrlHang-v0", Hang), ("DistrlMarked-v0", Marked)):
     if name not in gymnasium.registry:
         gymnasium.register(name, entry_point=entry)

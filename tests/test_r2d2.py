@@ -309,19 +309,20 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
 
 
 EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
-# 85% of the lowest calibration figure, rounded down: training and greedy evaluation
-# 500.0 on seeds 100 and 101, in one process and with actors; the feed-forward control
-# scored 122.5 and 107.7 greedy, so it must stay below the recurrent agent's threshold
-# (tests/learning_calibration.txt).
-R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 420.0
+# Half the lowest calibration figure, rounded down (tests/learning.py): training and
+# greedy evaluation 500.0 on seeds 100 and 101, in one process and with actors; the
+# feed-forward control scored 122.5 and 107.7 greedy, so it must stay below the recurrent
+# agent's threshold (tests/learning_calibration.txt).
+R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 250.0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
     """The whole budget, then 50 greedy episodes of the final weights: the recurrent
-    agent scores a mean of at least 400 of 500, the same agent with its LSTM swapped for
-    a ReLU layer less than 400. One process is deterministic for a seed, so this is the
+    agent reaches R2D2_TRAIN and R2D2_EVAL, the same agent with its LSTM swapped for a
+    ReLU layer stays below FEED_FORWARD_EVAL_BELOW (from seeds 100 and 101); runs seed 8.
+    One process is deterministic for a seed, so this is the
     run a user gets with ``python run.py +experiment=r2d2_cartpole``; the two runs go
     side by side, the feed-forward one in a spawned process."""
     seed = learning_seed()
@@ -345,7 +346,7 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
 def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
     """The same settings, budget and thresholds with 2 actor processes (4 envs each, the
     same 8 epsilons), and the learner keeping the replay ratio across processes.
-    Thresholds: R2D2_TRAIN, R2D2_EVAL (from seeds 100 and 101); runs seed 7."""
+    Thresholds: R2D2_TRAIN, R2D2_EVAL (from seeds 100 and 101); runs seed 8."""
     seed = learning_seed()
     result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=null", "distributed.actors=2",
                              "distributed.envs_per_actor=4", f"eval.episodes={EVAL_EPISODES}",
