@@ -2,32 +2,32 @@
 traceback and no damage; a finished run exits 0, one stopped by SIGINT / SIGTERM 130 /
 143 after its final checkpoint, one that fails 1 with its traceback.
 
-Most bad-input cases run in this process, through what ``python run.py`` runs: Hydra
-composes the config from the same overrides (its errors formatted by run.py's
-``format_error``, as run.py's hook formats them) and ``run.run(cfg)`` returns the exit
-code. A few cases launch the real command line in a subprocess (Hydra's hook, the
-process's exit code, signals). Every run writes under ``tmp_path`` only.
+Most bad-input cases go to one child process that runs them one after another through
+run.py's own entry point (tests/run_py_child.py: the hook that makes Hydra's errors one
+line, ``@hydra.main``, the exit code), since each would spend seconds importing in a
+process of its own. A few cases launch ``python run.py`` itself (the process's exit code,
+several at once, signals). Every run writes under ``tmp_path`` only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from presets import run_py_command, run_py_env
 
-import run as run_py
 from distrl import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,25 +61,56 @@ def run_cli(tmp_path: Path, *overrides: str, timeout: float = ERROR_TIMEOUT_S,
                           timeout=timeout)
 
 
-def run_in_process(capsys: pytest.CaptureFixture[str], log_dir: Path, *overrides: str
-                   ) -> subprocess.CompletedProcess[str]:
-    """What ``python run.py <overrides>`` does, in this process: Hydra composes the config
-    (a bad override is formatted as run.py's hook formats it), then ``run.run``."""
-    arguments = command_line(log_dir, overrides)
-    capsys.readouterr()
-    with initialize_config_dir(config_dir=str(REPO / "experiments"), version_base="1.3"):
+class RunPyChild:
+    """tests/run_py_child.py: ``python run.py`` command lines, one after another in one
+    child process, each through run.py's entry point."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.cases = 0
+        self.stderr = open(folder / "child-stderr.txt", "w")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "run_py_child.py")], cwd=REPO,
+            env=run_py_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True)
+
+    def run(self, log_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+        """``python run.py`` with :func:`command_line`; Hydra's own output goes to a fresh
+        folder of the child's, away from ``log_dir``."""
+        self.cases += 1
+        arguments = [*command_line(log_dir, overrides),
+                     f"hydra.run.dir={self.folder / f'hydra-{self.cases}'}"]
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(arguments) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], ERROR_TIMEOUT_S)
+        reply = self.proc.stdout.readline() if ready else ""
+        if not reply:
+            self.close()
+            pytest.fail(f"run_py_child gave no reply within {ERROR_TIMEOUT_S} s to "
+                        f"{arguments}:\n{(self.folder / 'child-stderr.txt').read_text()[-3000:]}")
+        result = json.loads(reply)
+        return subprocess.CompletedProcess(arguments, result["code"], result["stdout"],
+                                           result["stderr"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
         try:
-            cfg = compose("config", overrides=arguments)
-            # As @hydra.main does: the resume hook reads the command line from HydraConfig.
-            HydraConfig.instance().set_config(
-                compose("config", overrides=arguments, return_hydra_config=True))
-        except run_py.COMMAND_LINE_ERRORS as error:
-            print(run_py.format_error(error), file=sys.stderr, flush=True)
-            code = run_py.EXIT_BAD_INPUT
-        else:
-            code = run_py.run(cfg)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(arguments, code, out, err)
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def run_py_child(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunPyChild]:
+    child = RunPyChild(tmp_path_factory.mktemp("run_py_child"))
+    try:
+        yield child
+    finally:
+        child.close()
 
 
 def assert_bad_input(result: subprocess.CompletedProcess[str]) -> str:
@@ -292,9 +323,9 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "minatar_seed, minatar_seed_r2d2, r2d2_cartpole, seed_r2d2_cartpole"),
     (("seed=[",), "cannot parse the override 'seed=[': no viable alternative at input '['"),
 ])
-def test_bad_setting_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_bad_setting_is_one_line_naming_it(run_py_child: RunPyChild, tmp_path: Path,
                                            overrides: tuple[str, ...], line: str) -> None:
-    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    result = run_py_child.run(tmp_path / "runs", *overrides)
     assert assert_bad_input(result) == f"distrl: error: {line}"
     assert not (tmp_path / "runs").exists(), "a run directory was created for bad input"
 
@@ -310,9 +341,9 @@ def test_bad_setting_is_one_line_naming_it(capsys: pytest.CaptureFixture[str], t
         ("log.interval_s", "0"),
     ],
 )
-def test_non_positive_size_or_rate_names_field(capsys: pytest.CaptureFixture[str],
+def test_non_positive_size_or_rate_names_field(run_py_child: RunPyChild,
                                                tmp_path: Path, field: str, value: str) -> None:
-    result = run_in_process(capsys, tmp_path / "runs", f"{field}={value}")
+    result = run_py_child.run(tmp_path / "runs", f"{field}={value}")
     line = assert_distrl_error(result, "must be a positive number", f"got {value}")
     assert line.startswith(f"distrl: error: {field} must"), line
     assert not (tmp_path / "runs").exists()
@@ -329,12 +360,12 @@ def test_non_positive_size_or_rate_names_field(capsys: pytest.CaptureFixture[str
         (("agent.optimizer.max_grad_norm=nan",), "agent.optimizer.max_grad_norm", "nan"),
     ],
 )
-def test_nan_or_inf_is_refused_by_name(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_nan_or_inf_is_refused_by_name(run_py_child: RunPyChild, tmp_path: Path,
                                        overrides: tuple[str, ...], field: str,
                                        value: str) -> None:
     """nan passes every range check (nan <= 0 is False): without a finite check an lr of
     nan would train to garbage and exit 0."""
-    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    result = run_py_child.run(tmp_path / "runs", *overrides)
     line = assert_bad_input(result)
     assert line == f"distrl: error: {field} must be a finite number, got {value}", line
     assert not (tmp_path / "runs").exists()
@@ -356,17 +387,17 @@ def test_every_agents_nested_float_settings_are_checked_for_nan(agent: str, pref
 
 
 @pytest.mark.parametrize("name", ["../outside", "/abs/run", "a/b", ".."])
-def test_log_name_must_stay_inside_log_dir(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_log_name_must_stay_inside_log_dir(run_py_child: RunPyChild, tmp_path: Path,
                                            name: str) -> None:
-    result = run_in_process(capsys, tmp_path / "logs" / "runs", f"log.name={name}")
+    result = run_py_child.run(tmp_path / "logs" / "runs", f"log.name={name}")
     assert_distrl_error(result, "log.name must be one plain directory name inside log.dir",
                         repr(name))
     assert not (tmp_path / "logs").exists() and not Path("/abs/run").exists()
 
 
-def test_unknown_env_id_names_field_and_examples(capsys: pytest.CaptureFixture[str],
+def test_unknown_env_id_names_field_and_examples(run_py_child: RunPyChild,
                                                  tmp_path: Path) -> None:
-    result = run_in_process(capsys, tmp_path / "runs", "env.id=NotAnEnv-v0")
+    result = run_py_child.run(tmp_path / "runs", "env.id=NotAnEnv-v0")
     assert_distrl_error(result, "env.id", "'NotAnEnv-v0'", "CartPole-v1", "Atari")
     assert not (tmp_path / "runs").exists(), "a run directory was created for a bad env id"
 
@@ -384,10 +415,10 @@ def test_unknown_env_id_names_field_and_examples(capsys: pytest.CaptureFixture[s
      "eval.epsilon applies to the Q-learning agents (apex, r2d2); impala is evaluated "
      "sampling its own policy, so leave it unset, got 0.1"),
 ])
-def test_contradicting_settings_are_one_line(capsys: pytest.CaptureFixture[str],
+def test_contradicting_settings_are_one_line(run_py_child: RunPyChild,
                                              tmp_path: Path, overrides: tuple[str, ...],
                                              line: str) -> None:
-    result = run_in_process(capsys, tmp_path / "runs", *overrides)
+    result = run_py_child.run(tmp_path / "runs", *overrides)
     assert assert_bad_input(result) == f"distrl: error: {line}"
 
 
@@ -404,11 +435,11 @@ def test_contradicting_settings_are_one_line(capsys: pytest.CaptureFixture[str],
      r"\d+\.\d [KMGT]iB available\); lower distributed\.slots, agent\.unroll_length or "
      r"distributed\.envs_per_actor"),
 ])
-def test_sizes_this_machine_cannot_hold_are_one_line(capsys: pytest.CaptureFixture[str],
+def test_sizes_this_machine_cannot_hold_are_one_line(run_py_child: RunPyChild,
                                                      tmp_path: Path, overrides: tuple[str, ...],
                                                      pattern: str) -> None:
     """Nothing is allocated: the sizes are computed and compared with MemAvailable."""
-    line = assert_bad_input(run_in_process(capsys, tmp_path / "runs", *overrides))
+    line = assert_bad_input(run_py_child.run(tmp_path / "runs", *overrides))
     assert re.fullmatch(f"distrl: error: {pattern}", line), line
 
 
@@ -459,49 +490,49 @@ def test_snapshot_sees_a_changed_checkpoint(run1: Path) -> None:
     assert snapshot(run1) != before
 
 
-def test_resume_from_garbage_file(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_from_garbage_file(run_py_child: RunPyChild, run1: Path,
                                   tmp_path: Path) -> None:
     before = snapshot(run1)
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(bytes(range(256)) * 4)
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={garbage}")
+    result = run_py_child.run(tmp_path / "runs", f"resume={garbage}")
     assert_distrl_error(result, "resume", str(garbage), "cannot read checkpoint")
     assert snapshot(run1) == before
 
 
-def test_resume_from_truncated_checkpoint(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_from_truncated_checkpoint(run_py_child: RunPyChild, run1: Path,
                                           tmp_path: Path) -> None:
     before = snapshot(run1)
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes((run1 / "checkpoints" / "checkpoint-000000000004.pt").read_bytes()[:4096])
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={truncated}")
+    result = run_py_child.run(tmp_path / "runs", f"resume={truncated}")
     assert_distrl_error(result, "resume", str(truncated), "cannot read checkpoint")
     assert snapshot(run1) == before
 
 
-def test_resume_from_a_file_that_is_no_checkpoint(capsys: pytest.CaptureFixture[str],
+def test_resume_from_a_file_that_is_no_checkpoint(run_py_child: RunPyChild,
                                                   tmp_path: Path) -> None:
     other = tmp_path / "weights.pt"
     torch.save({"weights": torch.zeros(3)}, other)
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={other}")
+    result = run_py_child.run(tmp_path / "runs", f"resume={other}")
     assert assert_bad_input(result) == \
         f"distrl: error: resume: '{other}' is not a distrl checkpoint"
 
 
-def test_resume_from_missing_path(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_from_missing_path(run_py_child: RunPyChild, run1: Path,
                                   tmp_path: Path) -> None:
     before = snapshot(run1)
     missing = tmp_path / "no-such-checkpoint.pt"
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={missing}")
+    result = run_py_child.run(tmp_path / "runs", f"resume={missing}")
     assert_distrl_error(result, "resume", str(missing), "does not exist")
     assert snapshot(run1) == before
     assert not missing.exists()
 
 
-def test_resume_of_another_agents_checkpoint(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_of_another_agents_checkpoint(run_py_child: RunPyChild, run1: Path,
                                              tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_in_process(capsys, tmp_path / "runs", "agent=apex", f"resume={run1}")
+    result = run_py_child.run(tmp_path / "runs", "agent=apex", f"resume={run1}")
     assert assert_bad_input(result) == (
         "distrl: error: agent.name: this run was started with 'impala', the command line "
         "gives 'apex'; agent.name cannot change on resume: the checkpoint holds this agent's "
@@ -509,38 +540,38 @@ def test_resume_of_another_agents_checkpoint(capsys: pytest.CaptureFixture[str],
     assert snapshot(run1) == before
 
 
-def test_fresh_run_over_existing_run_is_refused(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_fresh_run_over_existing_run_is_refused(run_py_child: RunPyChild, run1: Path,
                                                 tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_in_process(capsys, tmp_path / "runs", "log.name=run1")
+    result = run_py_child.run(tmp_path / "runs", "log.name=run1")
     assert_distrl_error(result, "log.name", "already holds checkpoints", f"resume={run1}")
     assert snapshot(run1) == before
 
 
-def test_resume_with_invalid_override(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_with_invalid_override(run_py_child: RunPyChild, run1: Path,
                                       tmp_path: Path) -> None:
     before = snapshot(run1)
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}", "agent.batch_size=0")
+    result = run_py_child.run(tmp_path / "runs", f"resume={run1}", "agent.batch_size=0")
     assert_distrl_error(result, "agent.batch_size", "positive")
     assert snapshot(run1) == before
 
 
-def test_resume_with_other_model_shape(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_with_other_model_shape(run_py_child: RunPyChild, run1: Path,
                                        tmp_path: Path) -> None:
     before = snapshot(run1)
     # Named in resume_overrides, so that the checkpoint itself is what refuses it.
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}",
+    result = run_py_child.run(tmp_path / "runs", f"resume={run1}",
                             "agent.model.hidden_size=64",
                             "resume_overrides=[agent.model.hidden_size]")
     assert snapshot(run1) == before
     assert_distrl_error(result, "resume", "does not fit")
 
 
-def test_resume_with_other_optimizer(capsys: pytest.CaptureFixture[str], run1: Path,
+def test_resume_with_other_optimizer(run_py_child: RunPyChild, run1: Path,
                                      tmp_path: Path) -> None:
     before = snapshot(run1)
     # More frames than the run has done, so the resumed run would train.
-    result = run_in_process(capsys, tmp_path / "runs", f"resume={run1}",
+    result = run_py_child.run(tmp_path / "runs", f"resume={run1}",
                             "agent.optimizer.name=adam", "total_frames=5120",
                             "resume_overrides=[agent.optimizer.name,total_frames]")
     assert snapshot(run1 / "checkpoints") == snapshot_subset(before, "checkpoints")
