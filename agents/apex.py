@@ -5,6 +5,17 @@ compute the initial priority of their n-step transitions themselves and send the
 one prioritized replay; the learner trains a dueling double DQN on prioritized samples
 and writes the new priorities back. Read top to bottom: config -> network -> policy ->
 loss -> parts -> run.
+
+Where the rest of it lives:
+- ``distrl/replay/writers.py``: the actors' n-step transitions (the writer);
+  ``distrl/replay_sources.py``: the actors and their initial priorities, in this
+  process or in actor processes, as the learner's source of batches.
+- ``distrl/replay/``: the prioritized replay (``storage.py``, ``sum_tree.py``,
+  ``samplers.py``: proportional sampling and importance weights; ``buffer.py``);
+  ``distrl/replay_learner.py``: the replay feed, drawing the next batch while an update
+  runs and writing the priorities back.
+- ``distrl/losses.py``: n-step double-Q targets and the Huber loss;
+  ``distrl/exploration.py``: the epsilon ladder; ``distrl/replay_runner.py``: the run.
 """
 
 from __future__ import annotations

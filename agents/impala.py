@@ -4,6 +4,15 @@ Actors act with a (possibly stale) policy copy and send fixed-length unrolls; th
 learner corrects for the policy lag with V-trace (eq. 1) and minimises the
 policy-gradient, baseline and entropy losses of Section 4.2. Read top to bottom:
 config -> network -> policy -> loss -> parts -> run.
+
+Where the rest of it lives:
+- ``distrl/vtrace.py``: the V-trace targets and advantages (eq. 1), with the compiled
+  kernel in ``csrc/`` loaded by ``distrl/ops.py``; ``distrl/losses.py``: the loss terms.
+- ``distrl/actor.py``: the acting loop, writing unrolls into the slots of
+  ``distrl/queues.py``; ``distrl/actor_processes.py``: actors in processes of their own.
+- ``distrl/unroll_sources.py``: the actors as the learner's source of unrolls;
+  ``distrl/unroll_runner.py``: the run (its lifecycle, ranks, checkpoints, evaluation);
+  ``distrl/loop.py``: the training loop; ``distrl/learner.py``: the optimizer step.
 """
 
 from __future__ import annotations

@@ -7,6 +7,15 @@ their first step, give each sequence a priority and send it to one prioritized r
 The learner burns in the LSTM on a sequence's first steps without gradient, then trains
 a dueling double-Q network on n-step targets under the invertible value rescaling ``h``.
 Read top to bottom: config -> network -> policy -> loss -> parts -> run.
+
+Where the rest of it lives:
+- ``distrl/replay/sequence_writer.py``: the actors' overlapping sequences with their
+  stored recurrent state; ``distrl/replay/sequence_storage.py``: their storage, each
+  frame once; ``distrl/replay/samplers.py`` and ``sum_tree.py``: prioritized sampling.
+- ``distrl/losses.py``: value rescaling, the transformed n-step targets and the sequence
+  priorities (eta-mix of max and mean).
+- As Ape-X: ``distrl/replay_sources.py`` (the actors), ``distrl/replay_learner.py`` (the
+  replay feed and priority write-back), ``distrl/replay_runner.py`` (the run).
 """
 
 from __future__ import annotations

@@ -9,6 +9,15 @@ IMPALA's V-trace learner by default (SEED-IMPALA, Section 3), or R2D2's
 (``agent.learner=r2d2``, SEED-R2D2, the paper's Atari agent): the same networks,
 losses and hyperparameters, taken from ``agents/impala.py`` and ``agents/r2d2.py``
 rather than written twice. Read top to bottom: config -> run.
+
+Where the rest of it lives (the paper's system, rather than its algorithm):
+- ``distrl/inference.py``: the inference server (Section 2): batching the workers'
+  requests, one forward pass per batch, each env's recurrent state, the unrolls or
+  sequences built on the server's side.
+- ``distrl/env_workers.py``: the env worker processes and their shared-memory
+  request/answer channels.
+- ``distrl/seed_sources.py``: the server and workers as the learner's source, for IMPALA's
+  runner (``distrl/unroll_runner.py``) and R2D2's (``distrl/replay_runner.py``).
 """
 
 from __future__ import annotations
