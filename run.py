@@ -24,12 +24,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import agents
-from distrl import loop
-from distrl.checkpoint import CheckpointError
 from distrl.config import ConfigError, register_configs
-from distrl.learner import Diverged
-from distrl.resume_settings import settings_of_run
-from distrl.supervisor import TooManyRestarts
+from distrl.run.checkpoint import CheckpointError
+from distrl.run.resume_settings import settings_of_run
+from distrl.run.supervisor import TooManyRestarts
+from distrl.training import loop
+from distrl.training.learner import Diverged
 
 register_configs()
 agents.register_configs()

@@ -8,14 +8,14 @@ loss -> parts -> run.
 
 Where the rest of it lives:
 - ``distrl/replay/writers.py``: the actors' n-step transitions (the writer);
-  ``distrl/replay_sources.py``: the actors and their initial priorities, in this
+  ``distrl/runners/replay_sources.py``: the actors and their initial priorities, in this
   process or in actor processes, as the learner's source of batches.
 - ``distrl/replay/``: the prioritized replay (``storage.py``, ``sum_tree.py``,
   ``samplers.py``: proportional sampling and importance weights; ``buffer.py``);
-  ``distrl/replay_learner.py``: the replay feed, drawing the next batch while an update
+  ``distrl/runners/replay_learner.py``: the replay feed, drawing the next batch while an update
   runs and writing the priorities back.
-- ``distrl/losses.py``: n-step double-Q targets and the Huber loss;
-  ``distrl/exploration.py``: the epsilon ladder; ``distrl/replay_runner.py``: the run.
+- ``distrl/rl/losses.py``: n-step double-Q targets and the Huber loss;
+  ``distrl/rl/exploration.py``: the epsilon ladder; ``distrl/runners/replay_runner.py``: the run.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from distrl import losses
-from distrl.actor import PolicyOutput
+from distrl.acting.actor import PolicyOutput
 from distrl.config import (
     PRECISIONS,
     ConfigError,
@@ -42,11 +41,12 @@ from distrl.config import (
     check_positive,
     check_unit_interval,
 )
-from distrl.exploration import epsilon_greedy, epsilon_ladder
-from distrl.models import DuelingQNet
+from distrl.nets.models import DuelingQNet
+from distrl.nets.side_thread import SideThread
 from distrl.replay.formats import NStepFormat
-from distrl.run_settings import Conventions
-from distrl.side_thread import SideThread
+from distrl.rl import losses
+from distrl.rl.exploration import epsilon_greedy, epsilon_ladder
+from distrl.run.run_settings import Conventions
 from distrl.types import SampleBatch
 
 ACTOR_PRIORITIES = ("acting", "recompute")
@@ -112,7 +112,7 @@ class ApexConfig:
     device: str = "auto"
     # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
     # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
-    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    # optimizer float32; distrl.training.learner.precision_context). Actors act in float32.
     precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=apex_optimizer)
 
@@ -190,7 +190,7 @@ class ApexLoss:
     """Dueling double DQN with n-step returns and importance-weighted Huber loss.
 
     ``TD_i = G_i - q(s_i, a_i)`` with the n-step double-Q target ``G_i``
-    (:func:`distrl.losses.n_step_double_q_targets`); the loss is the mean of
+    (:func:`distrl.rl.losses.n_step_double_q_targets`); the loss is the mean of
     ``w_i * huber(TD_i)``, and ``|TD_i|`` are the new priorities (Horgan et al. 2018,
     Algorithm 2). Holds the target network and copies the online weights into it every
     ``target_update_interval`` calls.
@@ -263,7 +263,7 @@ def acting_priorities(values: tuple[torch.Tensor, torch.Tensor], batch: Any) -> 
 
 def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
     """The pieces the replay runner wires together for Ape-X; ``kernel`` picks the sum tree."""
-    from distrl.agent_parts import ReplayAgentParts, ReplayConfig
+    from distrl.training.agent_parts import ReplayAgentParts, ReplayConfig
 
     return ReplayAgentParts(
         name="apex",
@@ -295,8 +295,8 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
 def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
     """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
-    from distrl.replay_runner import train_replay_agent
-    from distrl.run_settings import RunSettings
+    from distrl.run.run_settings import RunSettings
+    from distrl.runners.replay_runner import train_replay_agent
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,

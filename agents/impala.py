@@ -6,13 +6,15 @@ policy-gradient, baseline and entropy losses of Section 4.2. Read top to bottom:
 config -> network -> policy -> loss -> parts -> run.
 
 Where the rest of it lives:
-- ``distrl/vtrace.py``: the V-trace targets and advantages (eq. 1), with the compiled
-  kernel in ``csrc/`` loaded by ``distrl/ops.py``; ``distrl/losses.py``: the loss terms.
-- ``distrl/actor.py``: the acting loop, writing unrolls into the slots of
-  ``distrl/queues.py``; ``distrl/actor_processes.py``: actors in processes of their own.
-- ``distrl/unroll_sources.py``: the actors as the learner's source of unrolls;
-  ``distrl/unroll_runner.py``: the run (its lifecycle, ranks, checkpoints, evaluation);
-  ``distrl/loop.py``: the training loop; ``distrl/learner.py``: the optimizer step.
+- ``distrl/rl/vtrace.py``: the V-trace targets and advantages (eq. 1), with the compiled
+  kernel in ``csrc/`` loaded by ``distrl/ops.py``; ``distrl/rl/losses.py``: the loss terms.
+- ``distrl/acting/actor.py``: the acting loop, writing unrolls into the slots of
+  ``distrl/transport/queues.py``; ``distrl/acting/actor_processes.py``: actors in
+  processes of their own.
+- ``distrl/runners/unroll_sources.py``: the actors as the learner's source of unrolls;
+  ``distrl/runners/unroll_runner.py``: the run (its lifecycle, ranks, checkpoints, evaluation);
+  ``distrl/training/loop.py``: the training loop; ``distrl/training/learner.py``: the
+  optimizer step.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from distrl import losses, vtrace
-from distrl.actor import PolicyOutput
+from distrl.acting.actor import PolicyOutput
 from distrl.config import (
     PRECISIONS,
     ConfigError,
@@ -39,9 +40,10 @@ from distrl.config import (
     check_positive,
     check_unit_interval,
 )
-from distrl.models import ActorCriticNet, orthogonal_init_
-from distrl.queues import FieldSpec
-from distrl.run_settings import Conventions
+from distrl.nets.models import ActorCriticNet, orthogonal_init_
+from distrl.rl import losses, vtrace
+from distrl.run.run_settings import Conventions
+from distrl.transport.queues import FieldSpec
 from distrl.types import Unroll
 
 # ---------------------------------------------------------------- config
@@ -91,7 +93,7 @@ class ImpalaConfig:
     device: str = "auto"
     # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
     # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
-    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    # optimizer float32; distrl.training.learner.precision_context). Actors act in float32.
     precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
 
@@ -127,7 +129,7 @@ def make_network(obs_shape: tuple[int, ...], num_actions: int, model: ModelConfi
     16 8x8/4, conv 32 4x4/2, fc 256; ``torso: auto`` or ``shallow``), the deep ResNet
     (``resnet``) or the Nature CNN (``nature``); an MLP for vectors; then the optional
     LSTM and the policy and value heads; ``model.init: orthogonal`` gives PPO's
-    initialisation (:func:`distrl.models.orthogonal_init_`)."""
+    initialisation (:func:`distrl.nets.models.orthogonal_init_`)."""
     net = ActorCriticNet(obs_shape, num_actions, torso=model.torso,
                          hidden_size=model.hidden_size, mlp_layers=model.mlp_layers,
                          use_lstm=model.use_lstm, lstm_size=model.lstm_size,
@@ -276,7 +278,7 @@ class ImpalaLoss:
 
 def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
     """The pieces the runner wires together for IMPALA; ``kernel`` picks the V-trace path."""
-    from distrl.agent_parts import UnrollAgentParts
+    from distrl.training.agent_parts import UnrollAgentParts
 
     return UnrollAgentParts(
         name="impala",
@@ -301,8 +303,8 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
 
 def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
     """Train IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is ImpalaConfig."""
-    from distrl.run_settings import RunSettings
-    from distrl.unroll_runner import train_unroll_agent
+    from distrl.run.run_settings import RunSettings
+    from distrl.runners.unroll_runner import train_unroll_agent
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)

@@ -12,10 +12,11 @@ Where the rest of it lives:
 - ``distrl/replay/sequence_writer.py``: the actors' overlapping sequences with their
   stored recurrent state; ``distrl/replay/sequence_storage.py``: their storage, each
   frame once; ``distrl/replay/samplers.py`` and ``sum_tree.py``: prioritized sampling.
-- ``distrl/losses.py``: value rescaling, the transformed n-step targets and the sequence
+- ``distrl/rl/losses.py``: value rescaling, the transformed n-step targets and the sequence
   priorities (eta-mix of max and mean).
-- As Ape-X: ``distrl/replay_sources.py`` (the actors), ``distrl/replay_learner.py`` (the
-  replay feed and priority write-back), ``distrl/replay_runner.py`` (the run).
+- As Ape-X: ``distrl/runners/replay_sources.py`` (the actors),
+  ``distrl/runners/replay_learner.py`` (the replay feed and priority write-back),
+  ``distrl/runners/replay_runner.py`` (the run).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from typing import Any
 
 import torch
 
-from distrl import losses
-from distrl.actor import PolicyOutput
+from distrl.acting.actor import PolicyOutput
 from distrl.config import (
     PRECISIONS,
     ConfigError,
@@ -40,11 +40,12 @@ from distrl.config import (
     check_non_negative,
     check_unit_interval,
 )
-from distrl.exploration import epsilon_greedy, epsilon_ladder
-from distrl.models import RecurrentDuelingQNet, flatten_rnn_weights
+from distrl.nets.models import RecurrentDuelingQNet, flatten_rnn_weights
+from distrl.nets.side_thread import SideThread
 from distrl.replay.formats import SequenceFormat
-from distrl.run_settings import Conventions
-from distrl.side_thread import SideThread
+from distrl.rl import losses
+from distrl.rl.exploration import epsilon_greedy, epsilon_ladder
+from distrl.run.run_settings import Conventions
 from distrl.types import SequenceBatch, SequenceSample
 
 ACTOR_PRIORITIES = ("acting", "recompute")
@@ -117,7 +118,7 @@ class R2D2Config:
     device: str = "auto"
     # The learner update's arithmetic: float32, or bfloat16 mixed precision (convolutions,
     # matrix products and the LSTM on bfloat16 inputs, accumulated in float32; weights and
-    # optimizer float32; distrl.learner.precision_context). Actors act in float32.
+    # optimizer float32; distrl.training.learner.precision_context). Actors act in float32.
     precision: str = "float32"
     optimizer: OptimizerConfig = field(default_factory=r2d2_optimizer)
 
@@ -375,7 +376,7 @@ def unclipped(rewards: torch.Tensor) -> torch.Tensor:
 
 def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
     """The pieces the replay runner wires together for R2D2; ``kernel`` picks the sum tree."""
-    from distrl.agent_parts import ReplayAgentParts, ReplayConfig
+    from distrl.training.agent_parts import ReplayAgentParts, ReplayConfig
 
     sequence = {"burn_in": cfg.burn_in, "trace_length": cfg.trace_length, "n_step": cfg.n_step,
                 "discount": cfg.discount, "rescale_epsilon": cfg.rescale_epsilon,
@@ -412,8 +413,8 @@ def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
 def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
     """Train R2D2 with a :class:`distrl.config.RunConfig` whose ``agent`` is R2D2Config;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
-    from distrl.replay_runner import train_replay_agent
-    from distrl.run_settings import RunSettings
+    from distrl.run.run_settings import RunSettings
+    from distrl.runners.replay_runner import train_replay_agent
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
     return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,

@@ -11,13 +11,13 @@ losses and hyperparameters, taken from ``agents/impala.py`` and ``agents/r2d2.py
 rather than written twice. Read top to bottom: config -> run.
 
 Where the rest of it lives (the paper's system, rather than its algorithm):
-- ``distrl/inference.py``: the inference server (Section 2): batching the workers'
+- ``distrl/acting/inference.py``: the inference server (Section 2): batching the workers'
   requests, one forward pass per batch, each env's recurrent state, the unrolls or
   sequences built on the server's side.
-- ``distrl/env_workers.py``: the env worker processes and their shared-memory
+- ``distrl/acting/env_workers.py``: the env worker processes and their shared-memory
   request/answer channels.
-- ``distrl/seed_sources.py``: the server and workers as the learner's source, for IMPALA's
-  runner (``distrl/unroll_runner.py``) and R2D2's (``distrl/replay_runner.py``).
+- ``distrl/runners/seed_sources.py``: the server and workers as the learner's source, for IMPALA's
+  runner (``distrl/runners/unroll_runner.py``) and R2D2's (``distrl/runners/replay_runner.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from distrl.config import (
     check_non_negative,
     check_positive,
 )
-from distrl.run_settings import Conventions
+from distrl.run.run_settings import Conventions
 
 LEARNERS = ("impala", "r2d2")
 LEARNER_AGENTS = {"impala": impala, "r2d2": r2d2}  # CONVENTIONS: as each learner's paper
@@ -98,34 +98,34 @@ def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, An
     SEED-IMPALA through the unroll runner, SEED-R2D2 through the replay runner; only the
     inference source differs from the plain agents. ``progress(updates, frames)`` is
     called after each update of a replay learner (benchmarks time it)."""
+    import dataclasses
     import functools
 
-    from distrl.run_settings import RunSettings
+    from distrl.run.run_settings import RunSettings
 
     agent: SeedConfig = cfg.agent
     settings = RunSettings.from_config(cfg, conventions(agent))
     inference = dict(inference=_inference_settings(agent))
     if agent.learner == "r2d2":
-        from distrl.replay_runner import train_replay_agent
-        from distrl.seed_sources import SeedReplaySource
+        from distrl.runners.replay_runner import train_replay_agent
+        from distrl.runners.seed_sources import SeedReplaySource
 
-        parts = r2d2.parts(agent.r2d2, cfg.kernel)
-        parts.name, parts.device = "seed", agent.device  # inference and training share it
-        parts.settings_path = "agent.r2d2"
+        # R2D2's parts under SEED's name, on SEED's device (inference and training share it)
+        parts = dataclasses.replace(r2d2.parts(agent.r2d2, cfg.kernel), name="seed",
+                                    device=agent.device, settings_path="agent.r2d2")
         return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
                                   source=functools.partial(SeedReplaySource, **inference))
-    from distrl.seed_sources import SeedSource
-    from distrl.unroll_runner import train_unroll_agent
+    from distrl.runners.seed_sources import SeedSource
+    from distrl.runners.unroll_runner import train_unroll_agent
 
-    parts = impala.parts(agent.impala, cfg.kernel)
-    parts.name, parts.device = "seed", agent.device  # inference and training share it
-    parts.settings_path = "agent.impala"
+    parts = dataclasses.replace(impala.parts(agent.impala, cfg.kernel), name="seed",
+                                device=agent.device, settings_path="agent.impala")
     return train_unroll_agent(parts, settings, should_stop=should_stop,
                               source=functools.partial(SeedSource, **inference))
 
 
 def _inference_settings(agent: SeedConfig) -> Any:
-    from distrl.seed_sources import InferenceSettings
+    from distrl.runners.seed_sources import InferenceSettings
 
     return InferenceSettings(
         max_batch=agent.max_inference_batch, batch_timeout_s=agent.inference_timeout_ms / 1e3,

@@ -40,7 +40,7 @@ class Bin:
 
 
 CSV_HEADER = "frames,return,wall_time"
-WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.loop's mean_return_20)
+WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.training.loop's mean_return_20)
 GAP_S = 300.0  # a longer pause between two episodes is a stopped run, not run time
 
 

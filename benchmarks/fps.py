@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import agents  # noqa: E402
-from distrl import sizing  # noqa: E402
 from distrl.config import is_auto, register_configs  # noqa: E402
 from distrl.envs import atari_rom, is_atari  # noqa: E402
+from distrl.training import sizing  # noqa: E402
 
 
 def load_config(overrides: list[str]):

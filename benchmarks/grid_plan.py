@@ -29,7 +29,7 @@ from suite import (
     suite_of_grid,
 )
 
-RUN_LOCK = "distrl.lock"  # distrl.run_lock.LOCK_NAME: flocked by the run.py that owns it
+RUN_LOCK = "distrl.lock"  # distrl.run.run_lock.LOCK_NAME: flocked by the run.py that owns it
 _HYDRA_ATTEMPT = re.compile(r"^attempt-(\d+)$")
 
 

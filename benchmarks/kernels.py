@@ -40,13 +40,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from distrl import ops, vtrace  # noqa: E402
+from distrl import ops  # noqa: E402
 from distrl.replay.sum_tree import (  # noqa: E402
     SumTree,
     empty_tree,
     sample_reference,
     update_reference,
 )
+from distrl.rl import vtrace  # noqa: E402
 
 POOL = 1000  # pre-drawn random batches per sum-tree method
 

@@ -1,5 +1,5 @@
 """Time the LSTM core over sequences with episode resets: forward and backward of
-:class:`distrl.models.LSTMCore` (one fused call per stretch between resets) against the
+:class:`distrl.nets.models.LSTMCore` (one fused call per stretch between resets) against the
 one-call-per-step loop it replaced, side by side in one process, on an R2D2 learner
 batch (MinAtar preset: 32 sequences of 60 steps, an LSTM of 128 over the 128 torso
 features, the 6-action one-hot and the reward).
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from distrl.models import LSTMCore
+from distrl.nets.models import LSTMCore
 
 
 def per_step(core: LSTMCore, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],

@@ -113,7 +113,8 @@ from suite import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SIGNALLED = "[distrl] received signal"  # distrl.loop.StopFlag's line: it checkpointed, exited 0
+# distrl.training.loop.StopFlag's line: the run checkpointed and exited 0
+SIGNALLED = "[distrl] received signal"
 
 
 @dataclass

@@ -107,9 +107,9 @@ NORMALISER = "DQN"  # IQM scores are return / DQN's return at 5M frames
 FINAL_EPISODES = 100  # the final return: mean of the last 100 training episodes
 CONFIDENCE = 0.95  # of the report's bootstrap intervals and the curves' bands
 TRAILING_POINTS = 500  # an archived learning curve: the trailing mean at this many frames
-THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.diagnose.RAW: each report's figures
-RETURN_TAG = "episode/return"  # distrl.logging.MetricLogger.episode, step = env frames
-EVAL_PREFIX = "eval/"  # distrl.evaluation: eval/return_mean, ... at the last frame
+THROUGHPUT_PREFIX = "throughput/raw/"  # distrl.telemetry.diagnose.RAW: each report's figures
+RETURN_TAG = "episode/return"  # distrl.telemetry.logging.MetricLogger.episode, step = env frames
+EVAL_PREFIX = "eval/"  # distrl.acting.evaluation: eval/return_mean, ... at the last frame
 SUMMARY = "summary.json"
 EPISODES = "episodes.csv"  # every episode's frames, return, wall time (curve.py --csv's)
 ATTEMPTS = "attempts.jsonl"
@@ -117,7 +117,7 @@ STDOUT = "stdout.log"
 GRID = "grid.json"
 PRESETS = Path(__file__).resolve().parents[1] / "experiments" / "experiment"
 _NAME = re.compile(r"^(?P<agent>.+)-(?P<game>[^-]+)-s(?P<seed>\d+)$")
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.checkpoint's names
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.run.checkpoint's names
 
 
 def run_name(agent: str, game: str, seed: int) -> str:
@@ -180,7 +180,7 @@ def games_by_agent(grid: dict[str, Any]) -> dict[str, list[str]]:
 
 def has_checkpoint(run_dir: Path) -> bool:
     """Whether ``run.py resume=<run_dir>`` has a checkpoint to continue from (the names
-    distrl.checkpoint writes; importing it would pull in torch)."""
+    distrl.run.checkpoint writes; importing it would pull in torch)."""
     directory = run_dir / "checkpoints"
     return directory.is_dir() and any(_CHECKPOINT.match(p.name) for p in directory.iterdir())
 

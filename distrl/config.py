@@ -7,97 +7,27 @@ the field and what is allowed, so a bad command line fails with one clear line.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from omegaconf import MISSING
 
-
-class ConfigError(ValueError):
-    """A configuration value is outside what its field allows."""
-
-
-def _check_finite(name: str, value: Any) -> None:
-    """nan and inf pass every comparison a range check makes (nan <= 0 is False), so they
-    are refused here by name: an lr of nan or inf would train to garbage without a word."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
-
-
-def refuse_non_finite(config: Any, prefix: str = "") -> None:
-    """Raise ConfigError naming the first float field of ``config`` (a dataclass, searched
-    through its nested dataclasses) that is nan or infinite."""
-    for spec in dataclasses.fields(config):
-        value = getattr(config, spec.name)
-        _check_finite(f"{prefix}{spec.name}", value)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            refuse_non_finite(value, f"{prefix}{spec.name}.")
-
-
-def check_positive(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is a finite number > 0."""
-    _check_finite(name, value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{name} must be a positive number, got {value!r}")
-
-
-def check_non_negative(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is a finite number >= 0."""
-    _check_finite(name, value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-
-
-def check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    """Raise ConfigError unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-AUTO = "auto"  # a distributed.* size chosen at the start of the run (distrl.sizing)
-# The distributed.* settings that may say auto; a run stores the numbers auto chose.
-AUTO_FIELDS = ("actors", "envs_per_actor", "env_groups", "learner_threads")
-
-
-def is_auto(value: Any) -> bool:
-    """Whether a setting says ``auto``."""
-    return isinstance(value, str) and value == AUTO
-
-
-def check_count_or_auto(name: str, value: Any, minimum: int = 1) -> None:
-    """Raise ConfigError unless ``value`` is ``auto`` or an int >= ``minimum``."""
-    if is_auto(value):
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name} must be auto or a whole number >= {minimum}, "
-                          f"got {value!r}")
-
-
-def check_count(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is an int >= 1 (a size or a count)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def check_unit_interval(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` lies in [0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"{name} must lie in [0, 1], got {value!r}")
-
-
-def check_run_name(name: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is empty or one plain directory name: no path
-    separator, no ``..``, not absolute, so the run stays inside ``log.dir``."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
-    if value and (value in (".", "..") or "/" in value or "\\" in value or "\0" in value):
-        raise ConfigError(
-            f"{name} must be one plain directory name inside log.dir (no '/', no '..', not "
-            f"absolute), got {value!r}; put the path in log.dir instead")
-
+# The checks live in distrl.validation; the schema's users import them from here too.
+from distrl.validation import (  # noqa: F401
+    AUTO,
+    AUTO_FIELDS,
+    ConfigError,
+    check_choice,
+    check_count,
+    check_count_or_auto,
+    check_non_negative,
+    check_positive,
+    check_run_name,
+    check_unit_interval,
+    is_auto,
+    refuse_non_finite,
+)
 
 PROTOCOLS = ("deepmind", "machado")
 
@@ -183,7 +113,7 @@ class EnvConfig:
 
 OPTIMIZERS = ("rmsprop_tf", "rmsprop", "adam", "adam_tf")
 # The learner update's arithmetic (``agent.precision``): float32 throughout, or bfloat16
-# mixed precision (:class:`distrl.learner.Learner`).
+# mixed precision (:class:`distrl.training.learner.Learner`).
 PRECISIONS = ("float32", "bfloat16")
 LR_SCHEDULES = ("linear", "constant")
 
@@ -267,7 +197,7 @@ class ModelConfig:
 class DistributedConfig:
     """Process topology on one host. ``actors: 0`` runs actor and learner in one process.
 
-    ``auto`` (the default of the four sized fields) lets :mod:`distrl.sizing` choose at the
+    ``auto`` (the default of the four sized fields) lets :mod:`distrl.training.sizing` choose at the
     start of a run: for Atari from the cores and a two-second measurement of what a frame
     costs each side, elsewhere the hand-set 2 actors x 32 envs in 2 groups.
     """
@@ -279,13 +209,13 @@ class DistributedConfig:
     # envs split into groups stepped while the policy runs on another
     env_groups: Union[int, str] = AUTO
     env_threads: int = 1  # threads of each Atari vector env group
-    # Torch threads in the learner process. auto on Atari: measured (distrl.sizing); else
+    # Torch threads in the learner process. auto on Atari: measured (distrl.training.sizing); else
     # (and 0): 1 for vectors, small grids and a GPU learner (R2D2 on CartPole ran 55%
     # slower with 2), every core of this process's share for other pixel observations.
     learner_threads: Union[int, str] = AUTO
     actor_threads: int = 1  # torch threads in each actor process
     # Learner processes keep the memory they free for their next update instead of
-    # returning it to the system (distrl.malloc; glibc only): a Pong IMPALA update on one
+    # returning it to the system (distrl.run.malloc; glibc only): a Pong IMPALA update on one
     # core spent about a fifth of its time faulting in fresh pages without it.
     keep_freed_memory: bool = True
     slots: int = 0  # shared unroll slots; 0 = 2 x the slots one batch needs x actors
@@ -296,7 +226,7 @@ class DistributedConfig:
     actor_timeout_s: float = 60.0
     max_actor_restarts: int = 10
     # Under torchrun: ranks 0..learner_ranks-1 learn, the others only act and stream their
-    # experience to a learner rank (distrl.remote); 0 = every rank learns.
+    # experience to a learner rank (distrl.acting.remote); 0 = every rank learns.
     learner_ranks: int = 0
     # Under torchrun: rank 0 broadcasts its weights to the other learners every this many
     # updates (beside the start); 0 = only at the start.
@@ -361,7 +291,7 @@ class CheckpointConfig:
 @dataclass
 class EvalConfig:
     """Evaluation of the final weights on fresh envs after the last checkpoint
-    (:mod:`distrl.evaluation`); logged under ``eval/`` and returned as ``eval_return``."""
+    (:mod:`distrl.acting.evaluation`); logged under ``eval/`` and returned as ``eval_return``."""
 
     episodes: int = 0  # whole episodes, one per env, each env's first; 0: no evaluation
     # The Q agents (apex, r2d2) act epsilon-greedily with this; 0 is greedy. None: the
@@ -389,7 +319,7 @@ class RunConfig:
     total_frames: int = 200_000_000  # IMPALA's Atari budget; env frames (agent steps x frame_skip)
     resume: Optional[str] = None  # path of a checkpoint (or a run directory) to continue from
     # On resume the checkpoint's settings are the run's; the command line may change only the
-    # settings named here, e.g. [total_frames, agent.optimizer.lr] (distrl.resume_settings).
+    # settings named here, e.g. [total_frames, agent.optimizer.lr] (distrl.run.resume_settings).
     resume_overrides: list[str] = field(default_factory=list)
     # V-trace and sum-tree ops: compiled distrl._C where built (auto), only compiled
     # (refused if missing), or the pure-torch reference; the run logs which path it took.

@@ -2,7 +2,7 @@
 
 csrc/ declares ``torch.ops.distrl.{sum_tree_update, sum_tree_sample, vtrace}`` and
 registers CPU kernels, plus CUDA kernels where the build had CUDA. Each op has a
-pure-torch twin (``distrl/vtrace.py``, ``distrl/replay/sum_tree.py``), the *reference*
+pure-torch twin (``distrl/rl/vtrace.py``, ``distrl/replay/sum_tree.py``), the *reference*
 path. The ``kernel`` setting picks between them:
 
 - ``auto``: the compiled op where it is built for the tensors' device, else the reference;
@@ -202,7 +202,7 @@ def vtrace(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace targets and advantages (IMPALA eq. 1, Section 4.2, Remark 1), compiled.
 
-    Same contract as :func:`distrl.vtrace.from_importance_weights`; inputs ``[T, B]``
+    Same contract as :func:`distrl.rl.vtrace.from_importance_weights`; inputs ``[T, B]``
     time-major, ``bootstrap_value`` ``[B]``. Returns ``(vs, pg_advantages)``, ``[T, B]``.
     The op has no autograd formula: its outputs are targets, so pass detached tensors.
     """

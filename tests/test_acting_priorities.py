@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agents import apex, r2d2
-from distrl.actor import reset_core_state
+from distrl.acting.actor import reset_core_state
 from distrl.config import ConfigError, EnvConfig, ModelConfig
 from distrl.envs import make_envs
 from distrl.replay.formats import NStepFormat

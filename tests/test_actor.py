@@ -1,4 +1,4 @@
-"""Tests for distrl.actor: the acting loop and UnrollSink on the fake CounterEnv.
+"""Tests for distrl.acting.actor: the acting loop and UnrollSink on the fake CounterEnv.
 
 Every slot field is compared with a closed form: env ``e`` (episode length ``L_e``) at
 group step ``g`` shows ``[e, g % L_e]``, the stub policy takes ``(e + g % L_e) % A``, the
@@ -18,8 +18,8 @@ import pytest
 import torch
 from fake_envs import CounterEnv, counter_action
 
-from distrl import actor_processes
-from distrl.actor import (
+from distrl.acting import actor_processes
+from distrl.acting.actor import (
     Actor,
     ActorStats,
     ActorStopped,
@@ -28,7 +28,7 @@ from distrl.actor import (
     UnrollSink,
     reset_core_state,
 )
-from distrl.queues import FieldSpec, SlotPool
+from distrl.transport.queues import FieldSpec, SlotPool
 
 A, H = 3, 2  # actions, recurrent state width
 

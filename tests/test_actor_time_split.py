@@ -15,13 +15,14 @@ import fake_clock
 from presets import compose_preset
 
 from agents import apex, r2d2, seed
-from distrl import actor as actor_module
-from distrl import inference, seed_sources
-from distrl.actor import ActorStats
-from distrl.replay_sources import ReplayTopology, build_replay_actor
-from distrl.run_settings import RunSettings
-from distrl.seed_sources import SeedReplaySource
-from distrl.weights import WeightStore
+from distrl.acting import actor as actor_module
+from distrl.acting import inference
+from distrl.acting.actor import ActorStats
+from distrl.run.run_settings import RunSettings
+from distrl.runners import seed_sources
+from distrl.runners.replay_sources import ReplayTopology, build_replay_actor
+from distrl.runners.seed_sources import SeedReplaySource
+from distrl.transport.weights import WeightStore
 
 PRIORITY_S = 100.0  # what each initial-priority call costs on the fake clock
 

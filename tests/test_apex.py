@@ -16,13 +16,13 @@ from agents.apex import (
     initial_priorities,
     make_network,
 )
-from distrl import losses
 from distrl.config import ConfigError, ModelConfig
-from distrl.models import DuelingQNet
+from distrl.nets.models import DuelingQNet
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
+from distrl.rl import losses
 from distrl.types import SampleBatch
 
 
@@ -185,8 +185,8 @@ def test_default_optimizers_follow_tensorflows_rules():
     constants the papers publish (Horgan et al. 2018, Appendix C; Kapturowski et al. 2019,
     Table 2), built as the learner builds them."""
     from agents.r2d2 import R2D2Config
-    from distrl.learner_rank import optimizer_for
-    from distrl.optimizers import AdamTF, RMSpropTF
+    from distrl.rl.optimizers import AdamTF, RMSpropTF
+    from distrl.training.learner_rank import optimizer_for
 
     model = torch.nn.Linear(3, 2)
     apex_optimizer = optimizer_for(model, ApexConfig().optimizer)
@@ -251,10 +251,10 @@ def test_actors_clip_each_reward_before_the_n_step_sum(tmp_path, mode):
     from presets import compose_preset
 
     from agents import apex
-    from distrl.actor import ActorStats
-    from distrl.replay_sources import ReplayTopology, build_replay_actor
-    from distrl.run_settings import RunSettings
-    from distrl.weights import WeightStore
+    from distrl.acting.actor import ActorStats
+    from distrl.run.run_settings import RunSettings
+    from distrl.runners.replay_sources import ReplayTopology, build_replay_actor
+    from distrl.transport.weights import WeightStore
 
     cfg = compose_preset(tmp_path, "apex_cartpole", "clip", "distributed.actors=0",
                          "distributed.envs_per_actor=2", "env.id=DistrlBigRewards-v0",

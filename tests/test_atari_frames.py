@@ -12,7 +12,7 @@ import torch
 from presets import compose_run
 
 import agents
-from distrl import learner
+from distrl.training import learner
 
 SERIAL = ("env=Pong", "distributed.actors=0", "distributed.envs_per_actor=4",
           "distributed.env_groups=1")

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 from presets import compose_preset, compose_run
 
-from distrl.resume_settings import leaves
+from distrl.run.resume_settings import leaves
 
 PRESETS = Path(__file__).resolve().parents[1] / "experiments" / "experiment"
 # preset -> the run.py overrides that give its agent's defaults on the same game

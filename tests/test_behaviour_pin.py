@@ -24,7 +24,7 @@ import torch
 from presets import compose_run
 
 import agents
-from distrl.learner import Learner
+from distrl.training.learner import Learner
 
 PIN = Path(__file__).with_name("behaviour_pin.json")
 UPDATES_COMPARED = 3

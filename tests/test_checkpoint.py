@@ -1,4 +1,4 @@
-"""Tests for distrl.checkpoint: atomic save (no temp file, old checkpoints untouched when a
+"""Tests for distrl.run.checkpoint: atomic save (no temp file, old checkpoints untouched when a
 write fails), pruning, resolve, clear CheckpointError messages, the RNG round trip, and
 self-verification: the checksum record, damaged and truncated files refused, resume of a
 run directory falling back to the newest intact checkpoint without touching any file,
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from distrl import checkpoint
-from distrl.checkpoint import (
+from distrl.run import checkpoint
+from distrl.run.checkpoint import (
     CHECKPOINT_PATTERN,
     RECORD_BYTES,
     CheckpointError,

@@ -28,7 +28,7 @@ import torch
 import yaml
 from presets import run_py_command, run_py_env
 
-from distrl import checkpoint
+from distrl.run import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # A serial CartPole run that does 4 updates (4 x 20 steps x 32 envs = 2,560 frames) in seconds.

@@ -9,7 +9,7 @@ from presets import compose_run
 import agents
 from agents import seed
 from distrl.envs import make_envs
-from distrl.run_settings import RunSettings
+from distrl.run.run_settings import RunSettings
 
 
 def _settings(tmp_path, agent: str, *overrides: str) -> RunSettings:

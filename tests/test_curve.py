@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.logging import MetricLogger
+from distrl.telemetry.logging import MetricLogger
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))

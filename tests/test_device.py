@@ -15,9 +15,9 @@ import torch
 from presets import compose_run
 
 import agents
-from distrl import learner as learner_module
 from distrl.config import ConfigError
-from distrl.learner import Learner, resolve_device, to_device
+from distrl.training import learner as learner_module
+from distrl.training.learner import Learner, resolve_device, to_device
 
 # Short runs of every agent on CartPole that make a few updates (one process).
 RUNS = {
@@ -178,7 +178,7 @@ def test_every_agent_trains_on_the_gpu(tmp_path, run, actors):
 
 
 def test_auto_learner_threads_split_the_cores_only_for_atari_sized_images(monkeypatch):
-    from distrl.learner_rank import learner_thread_count
+    from distrl.training.learner_rank import learner_thread_count
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

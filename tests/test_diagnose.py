@@ -20,16 +20,16 @@ from presets import REPO, compose_run
 from slow_loss import SlowImpalaLoss
 
 from agents import apex, impala
-from distrl import diagnose as diagnose_cli
-from distrl.logging import MetricLogger
-from distrl.throughput import (
+from distrl.telemetry import diagnose as diagnose_cli
+from distrl.telemetry.logging import MetricLogger
+from distrl.telemetry.throughput import (
     Figures,
     RunContext,
     combine,
     derive,
     diagnose,
 )
-from distrl.throughput_meter import run_context
+from distrl.telemetry.throughput_meter import run_context
 
 IMPALA_2_ACTORS = RunContext(agent="impala", actors=2, envs_per_actor=32, env_groups=1,
                              batch_size=32)

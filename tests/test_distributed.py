@@ -1,4 +1,4 @@
-"""distrl.distributed with 2 gloo ranks (torch.multiprocessing): gradient averaging keeps
+"""distrl.transport.distributed with 2 gloo ranks (torch.multiprocessing): gradient averaging keeps
 the ranks' parameters identical and equal to one step on the concatenated batch, the
 broadcast delivers rank 0's weights, and a failing rank ends a torchrun job."""
 
@@ -22,13 +22,13 @@ from learning import learning_seed, report
 from presets import run_group
 from torch import nn
 
-from distrl.distributed import (
+from distrl.training.learner import Learner, make_lr_schedule
+from distrl.transport.distributed import (
     GradientAverager,
     broadcast_parameters,
     init_from_env,
     resync_parameters,
 )
-from distrl.learner import Learner, make_lr_schedule
 
 pytestmark = pytest.mark.dist
 WORLD = 2
@@ -71,10 +71,10 @@ def _remote_actor_rank_exchange(info, out_dir: str) -> None:
     """Rank 0 learns, rank 1 only acts: rank 1 gets rank 0's weights before acting, sends
     two slots (rank 0 finds them in its pool), gets version 1 after rank 0 publishes it,
     and stops when rank 0 does."""
-    from distrl.actor import ActorStats
-    from distrl.queues import FieldSpec, SlotPool
-    from distrl.remote import LearnerConnection, RemoteActors
-    from distrl.weights import WeightStore
+    from distrl.acting.actor import ActorStats
+    from distrl.acting.remote import LearnerConnection, RemoteActors
+    from distrl.transport.queues import FieldSpec, SlotPool
+    from distrl.transport.weights import WeightStore
 
     pool = SlotPool({"x": FieldSpec((3, 2), torch.float32, time_major=False),
                      "n": FieldSpec((4,), torch.int64, time_major=False)}, num_slots=2)
@@ -198,7 +198,7 @@ FAILING_RANK = """
 import sys, time
 import torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
-from distrl.distributed import init_from_env
+from distrl.transport.distributed import init_from_env
 info = init_from_env(timeout_s=600)
 if info.rank == 1:
     raise RuntimeError("rank 1 fails on purpose")
@@ -431,7 +431,7 @@ def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):
     from presets import compose_run
 
     from agents import apex
-    from distrl.checkpoint import CheckpointError
+    from distrl.run.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="written by 2 learner rank"):
         apex.run(compose_run(tmp_path, "alone", *overrides, *resume))
 

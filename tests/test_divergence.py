@@ -13,9 +13,9 @@ from presets import compose_run, run_py
 from torch import nn
 
 from agents import apex, impala, seed
-from distrl import checkpoint
-from distrl.learner import Diverged, Learner, make_lr_schedule
-from distrl.weights import WeightStore
+from distrl.run import checkpoint
+from distrl.training.learner import Diverged, Learner, make_lr_schedule
+from distrl.transport.weights import WeightStore
 
 
 def _learner(losses: list[float], lr: float = 0.1, max_skipped: int = 3):

@@ -9,11 +9,11 @@ from fake_envs import CounterEnv
 from presets import compose_preset, compose_run
 
 from agents import impala, r2d2
-from distrl.actor import PolicyOutput
-from distrl.checkpoint import load
+from distrl.acting.actor import PolicyOutput
+from distrl.acting.evaluation import EVAL_SEED_OFFSET, evaluate_policy
 from distrl.config import ConfigError
 from distrl.envs import make_envs
-from distrl.evaluation import EVAL_SEED_OFFSET, evaluate_policy
+from distrl.run.checkpoint import load
 
 
 class EnvIndexPolicy:

@@ -1,4 +1,4 @@
-"""Tests for distrl.learner: the linear and constant lr schedules, optimizer settings, the
+"""Tests for distrl.training.learner: the linear and constant lr schedules, optimizer settings, the
 errors for bad names, global-norm clipping checked against a hand-computed SGD step,
 versions published to a WeightStore, and a state_dict round trip that reproduces the
 next update exactly."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from distrl.learner import Learner, make_lr_schedule, make_optimizer
-from distrl.weights import WeightStore
+from distrl.training.learner import Learner, make_lr_schedule, make_optimizer
+from distrl.transport.weights import WeightStore
 
 
 def _sgd(lr: float = 0.5) -> torch.optim.Optimizer:
@@ -234,7 +234,7 @@ def test_state_dict_round_trip_reproduces_the_next_updates() -> None:
 def test_to_device_moves_every_tensor_of_a_nested_batch():
     """The meta device stands in for a GPU: every tensor of an Unroll (its LSTM state is
     a tuple) and of a dict must land there; non-tensors stay as they are."""
-    from distrl.learner import to_device
+    from distrl.training.learner import to_device
     from distrl.types import Unroll
 
     t, b = 3, 2

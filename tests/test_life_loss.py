@@ -18,10 +18,10 @@ import pytest
 import torch
 from reference import n_step_transitions_naive
 
-from distrl.actor import Actor, ActorStats, EnvGroup, PolicyOutput
+from distrl.acting.actor import Actor, ActorStats, EnvGroup, PolicyOutput
+from distrl.acting.evaluation import evaluate_policy
 from distrl.config import ConfigError, EnvConfig
 from distrl.envs import VectorEnv, make_envs
-from distrl.evaluation import evaluate_policy
 from distrl.replay.sequence_writer import SequenceWriter
 from distrl.replay.writers import NStepWriter, rebuild_observations
 from distrl.types import EnvStep
@@ -352,7 +352,7 @@ def test_each_agent_takes_its_papers_life_loss_choice_unless_the_user_sets_one()
     import agents
     from agents.impala import ImpalaConfig
     from distrl.config import RunConfig
-    from distrl.run_settings import Conventions, RunSettings
+    from distrl.run.run_settings import Conventions, RunSettings
 
     assert {name: agents.get(name).CONVENTIONS.terminal_on_life_loss
             for name in ("impala", "apex", "r2d2")} == {"impala": True, "apex": True,

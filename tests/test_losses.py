@@ -1,4 +1,4 @@
-"""Tests for distrl.losses against hand-computed numbers on a T=2, B=1, A=2 case, the reward
+"""Tests for distrl.rl.losses against hand-computed numbers on a T=2, B=1, A=2 case, the reward
 clipping modes, and where gradients may and may not flow."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from reference import (
     value_rescale_naive,
 )
 
-from distrl.losses import (
+from distrl.rl.losses import (
     REWARD_CLIPPING,
     baseline_loss,
     clip_rewards,

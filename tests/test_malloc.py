@@ -1,4 +1,4 @@
-"""distrl.malloc: the learner process keeps what it frees, so repeating an allocation does
+"""distrl.run.malloc: the learner process keeps what it frees, so repeating an allocation does
 not fault in fresh pages each time. Each case runs in its own interpreter, as the setting
 lasts for the life of a process."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from distrl.config import ConfigError, DistributedConfig
-from distrl.malloc import _glibc
+from distrl.run.malloc import _glibc
 
 # A learner's update in small: the shallow torso's forward and backward on a uint8 batch
 # of 336 84x84x4 frames (38 MB as float, over glibc's largest mmap threshold of 32 MiB, as
@@ -19,8 +19,8 @@ from distrl.malloc import _glibc
 # heap has settled (measured from update 4 on, one update in several grew it once more).
 PROBE = """
 import json, resource, sys, torch
-from distrl.malloc import keep_freed_memory
-from distrl.torsos import ShallowCNN, channels_last_for_training
+from distrl.run.malloc import keep_freed_memory
+from distrl.nets.torsos import ShallowCNN, channels_last_for_training
 line = keep_freed_memory() if sys.argv[1] == "keep" else "malloc=system"
 torch.set_num_threads(1)
 torch.manual_seed(0)

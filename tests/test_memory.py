@@ -1,4 +1,4 @@
-"""distrl.memory and the replay's size check: MemAvailable read from /proc/meminfo, the
+"""distrl.run.memory and the replay's size check: MemAvailable read from /proc/meminfo, the
 bytes a replay holds when full (every preallocated tensor), a replay that cannot fit
 refused with the largest capacity that does, and allocation failures turned into one
 error that names the setting."""
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from agents import apex, r2d2
-from distrl import memory
 from distrl.config import ConfigError
 from distrl.replay.sum_tree import empty_tree, tree_nbytes
-from distrl.replay_learner import make_replay, replay_nbytes
-from distrl.replay_sources import recurrent_state_size
+from distrl.run import memory
+from distrl.runners.replay_learner import make_replay, replay_nbytes
+from distrl.runners.replay_sources import recurrent_state_size
 
 
 def test_available_bytes_is_memavailable_not_memfree(tmp_path: Path) -> None:

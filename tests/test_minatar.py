@@ -13,7 +13,6 @@ from presets import compose_preset, compose_run
 from recording import record_kwargs
 
 from agents import impala
-from distrl import minatar_envs
 from distrl.config import (
     CheckpointConfig,
     ConfigError,
@@ -22,9 +21,9 @@ from distrl.config import (
     LogConfig,
     RunConfig,
 )
-from distrl.envs import MinAtarEnvs, is_atari, make_envs
-from distrl.minatar_envs import is_minatar, minatar_game
-from distrl.torsos import MinAtarCNN
+from distrl.envs import MinAtarEnvs, is_atari, make_envs, minatar_envs
+from distrl.envs.minatar_envs import is_minatar, minatar_game
+from distrl.nets.torsos import MinAtarCNN
 
 # Channels of each game's [10, 10, C] grid in minatar 1.0.15 (its environments/*.py).
 CHANNELS = {"Asterix": 4, "Breakout": 4, "Freeway": 7, "Seaquest": 10, "SpaceInvaders": 6}

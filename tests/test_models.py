@@ -1,4 +1,4 @@
-"""Tests for distrl.models: shapes, parameter counts, pixel scaling, LSTM resets and state,
+"""Tests for distrl.nets.models: shapes, parameter counts, pixel scaling, LSTM resets and state,
 the dueling network's split point and gradient rescale."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from distrl import config, torsos
-from distrl.models import (
+from distrl import config
+from distrl.nets import torsos
+from distrl.nets.models import (
     ActorCriticNet,
     DuelingHead,
     DuelingQNet,
     LSTMCore,
     RecurrentDuelingQNet,
 )
-from distrl.torsos import ImpalaResNet, MinAtarCNN, NatureCNN, ShallowCNN, make_torso
+from distrl.nets.torsos import ImpalaResNet, MinAtarCNN, NatureCNN, ShallowCNN, make_torso
 
 T, B, A = 3, 2, 5
 IMAGE_SHAPE = (4, 84, 84)

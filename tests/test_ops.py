@@ -1,7 +1,7 @@
 """Tests for distrl/ops.py and the compiled V-trace op (csrc/vtrace.cpp, csrc/cuda/vtrace.cu).
 
 The op is checked against the naive eq. 1 sum in tests/reference.py and against the
-vectorised torch path of distrl/vtrace.py, on CPU and (where present) CUDA, plus
+vectorised torch path of distrl/rl/vtrace.py, on CPU and (where present) CUDA, plus
 ``torch.library.opcheck`` and its error messages. The sum-tree ops are tested in
 test_sum_tree.py. Also here: how ``kernel=auto|compiled|reference`` resolves, including
 when the extension is missing.
@@ -21,8 +21,9 @@ import torch
 from marks import needs_extension
 from reference import vtrace_naive
 
-from distrl import ops, vtrace
+from distrl import ops
 from distrl.config import KERNELS
+from distrl.rl import vtrace
 
 DEVICES = [
     "cpu",

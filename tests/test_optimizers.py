@@ -1,4 +1,4 @@
-"""Tests for distrl.optimizers.
+"""Tests for distrl.rl.optimizers.
 
 RMSpropTF: three steps on a linear model equal the naive float64 TensorFlow rule in
 tests/reference.py (IMPALA's and Ape-X's constants, with and without momentum), a first step
@@ -21,8 +21,8 @@ import torch
 from reference import adam_tf_reference, rmsprop_tf_reference
 from torch import nn
 
-from distrl.learner import make_optimizer
-from distrl.optimizers import AdamTF, RMSpropTF
+from distrl.rl.optimizers import AdamTF, RMSpropTF
+from distrl.training.learner import make_optimizer
 
 NUM_STEPS = 3
 BATCH, IN, OUT = 5, 3, 2

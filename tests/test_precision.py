@@ -12,10 +12,10 @@ from agents.apex import ApexConfig, ApexLoss
 from agents.impala import ImpalaConfig
 from agents.r2d2 import R2D2Config, R2D2Loss
 from distrl.config import ConfigError
-from distrl.learner import Learner, make_lr_schedule, make_optimizer
-from distrl.models import DuelingQNet, RecurrentDuelingQNet
-from distrl.side_thread import SideThread
-from distrl.torsos import PIXEL_SCALE, _conv_on_pixels, channels_last_for_training
+from distrl.nets.models import DuelingQNet, RecurrentDuelingQNet
+from distrl.nets.side_thread import SideThread
+from distrl.nets.torsos import PIXEL_SCALE, _conv_on_pixels, channels_last_for_training
+from distrl.training.learner import Learner, make_lr_schedule, make_optimizer
 from distrl.types import SampleBatch, SequenceSample
 
 

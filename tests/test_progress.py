@@ -9,7 +9,7 @@ import math
 import pytest
 
 from distrl.config import ConfigError, LogConfig
-from distrl.progress import (
+from distrl.telemetry.progress import (
     ProgressDisplay,
     ProgressReport,
     choose_mode,

@@ -1,5 +1,5 @@
-"""Tests for distrl.queues: sentinel-filled slots, the free/full index round trip, gather's
-column order and copy semantics, and slots shared with a spawned process."""
+"""Tests for distrl.transport.queues: sentinel-filled slots, the free/full index round trip,
+gather's column order and copy semantics, and slots shared with a spawned process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from distrl import queues
-from distrl.queues import FieldSpec, SlotPool, sentinel_for
+from distrl.transport import queues
+from distrl.transport.queues import FieldSpec, SlotPool, sentinel_for
 
 # T and E differ so a transpose of the wrong axes changes shapes, not just values.
 T, E, F, H = 3, 2, 4, 5

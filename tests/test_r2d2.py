@@ -24,10 +24,10 @@ from agents.r2d2 import (
     trained_steps,
     unroll,
 )
-from distrl.checkpoint import load
 from distrl.config import ConfigError
-from distrl.losses import value_rescale
-from distrl.models import RecurrentDuelingQNet
+from distrl.nets.models import RecurrentDuelingQNet
+from distrl.rl.losses import value_rescale
+from distrl.run.checkpoint import load
 from distrl.types import SequenceSample
 
 CARTPOLE_FRAMES = 400_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
@@ -135,7 +135,7 @@ def test_transformed_double_q_td_and_priority_hand_case():
     deltas = [0.503, math.sqrt(7) - 1.994]
     assert mask.flatten().tolist() == [True, True]
     assert td.flatten().tolist() == pytest.approx(deltas, abs=1e-6)
-    from distrl.losses import sequence_priorities
+    from distrl.rl.losses import sequence_priorities
     priority = sequence_priorities(td.abs(), mask, 0.9)
     assert priority.item() == pytest.approx(0.9 * max(deltas) + 0.1 * sum(deltas) / 2, abs=1e-6)
 

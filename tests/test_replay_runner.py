@@ -12,18 +12,18 @@ from learning import learning_seed, report
 from presets import compose_preset
 
 from agents import apex
-from distrl.actor import ActorStats
-from distrl.checkpoint import load
-from distrl.distributed import RankInfo
-from distrl.exploration import epsilon_ladder
+from distrl.acting.actor import ActorStats
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.formats import NStepFormat
 from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter
-from distrl.replay_learner import Prefetcher
-from distrl.replay_sources import BatchSlots, rank_epsilons
-from distrl.supervisor import TooManyRestarts
+from distrl.rl.exploration import epsilon_ladder
+from distrl.run.checkpoint import load
+from distrl.run.supervisor import TooManyRestarts
+from distrl.runners.replay_learner import Prefetcher
+from distrl.runners.replay_sources import BatchSlots, rank_epsilons
+from distrl.transport.distributed import RankInfo
 
 CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
 # Half the lowest calibration figure of the two Ape-X CartPole tests, rounded down

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from distrl.logging import MetricLogger
+from distrl.telemetry.logging import MetricLogger
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -858,7 +858,7 @@ def test_a_run_directory_a_run_py_holds_is_left_alone(tmp_path, monkeypatch, cap
     run_dir.mkdir(parents=True)
     events = run_dir / "events.out.tfevents.1.host.1.0"  # no checkpoint yet: "fresh"
     events.write_text("")
-    with open(run_dir / "distrl.lock", "w") as held:  # as distrl.run_lock.take holds it
+    with open(run_dir / "distrl.lock", "w") as held:  # as distrl.run.run_lock.take holds it
         held.write(json.dumps({"pid": 4242, "since": "2026-11-27 21:49:08 UTC"}))
         held.flush()
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,7 +16,7 @@ from presets import compose_preset, compose_run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import agents
-from distrl import checkpoint
+from distrl.run import checkpoint
 
 pytestmark = pytest.mark.dist
 

@@ -19,14 +19,14 @@ from omegaconf import OmegaConf
 from presets import compose_preset, compose_run, run_py
 
 from agents import apex, impala
-from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig
-from distrl.learner import rebase_lr_schedule
-from distrl.resume_settings import (
+from distrl.run import checkpoint
+from distrl.run.resume_settings import (
     given_leaves,
     merge_resumed,
     stored_config,
 )
+from distrl.training.learner import rebase_lr_schedule
 
 RUN_DIR = Path("moved/run1")  # where the stored run's checkpoint is now
 

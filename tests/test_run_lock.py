@@ -1,4 +1,4 @@
-"""Tests for distrl.run_lock: one owner per run directory. A second taker is refused with
+"""Tests for distrl.run.run_lock: one owner per run directory. A second taker is refused with
 the owner's pid, host, start time and command line; release frees the directory (and
 deletes the lock file); a lock left by a SIGKILLed process does not block; and two
 ``run.py`` runs on one ``log.name``: the second exits 2 with one line naming the first."""
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from presets import run_py_command, run_py_env
 
-from distrl import run_lock
 from distrl.config import ConfigError
+from distrl.run import run_lock
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,9 @@ from learning import learning_seed, report
 from presets import compose_preset, compose_run
 
 from agents import impala, r2d2, seed
-from distrl.actor import Actor, ActorStats, EnvGroup, PolicyOutput, UnrollSink
+from distrl.acting.actor import Actor, ActorStats, EnvGroup, PolicyOutput, UnrollSink
+from distrl.acting.env_workers import Channels, EnvWorkers, LocalChannels, worker_seeds
+from distrl.acting.inference import InferenceServer, InferenceWeights, ServerThread
 from distrl.config import (
     CheckpointConfig,
     ConfigError,
@@ -28,10 +30,8 @@ from distrl.config import (
     ModelConfig,
     RunConfig,
 )
-from distrl.env_workers import Channels, EnvWorkers, LocalChannels, worker_seeds
 from distrl.envs import env_seed, make_envs
-from distrl.inference import InferenceServer, InferenceWeights, ServerThread
-from distrl.queues import FieldSpec, SlotPool
+from distrl.transport.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
 # Half the lowest calibration figure, rounded down (tests/learning.py): training and

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from distrl.side_thread import SideThread
+from distrl.nets.side_thread import SideThread
 
 
 def where_and_grad() -> tuple[str, bool]:

@@ -1,4 +1,4 @@
-"""SIGINT/SIGTERM in the training loop (:class:`distrl.loop.StopFlag`): the first asks for
+"""SIGINT/SIGTERM in the training loop (:class:`distrl.training.loop.StopFlag`): the first asks for
 a checkpoint and a stop and is remembered for the exit code, a second ends the run at
 once, except while a checkpoint is being written: then it waits until the file is whole.
 
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrl import checkpoint, loop
-from distrl.loop import StopFlag
+from distrl.run import checkpoint
+from distrl.training import loop
+from distrl.training.loop import StopFlag
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Auto sizing (distrl.sizing): the cost model's choices on hand-computed cases, the
+"""Auto sizing (distrl.training.sizing): the cost model's choices on hand-computed cases, the
 measurement's units, and ``auto`` resolved in a run's settings."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from distrl import sizing
 from distrl.config import CheckpointConfig, ConfigError, DistributedConfig, EnvConfig, LogConfig
-from distrl.run_settings import RunSettings
-from distrl.torsos import ShallowCNN
+from distrl.nets.torsos import ShallowCNN
+from distrl.run.run_settings import RunSettings
+from distrl.training import sizing
 
 US = 1e-6
 
@@ -318,8 +318,8 @@ def test_bad_sizes_are_refused_by_name(field: str, value: object, message: str) 
 def test_seed_sources_are_known_to_run_inference_on_the_learner() -> None:
     import functools
 
-    from distrl.seed_sources import SeedReplaySource, SeedSource
-    from distrl.unroll_sources import UnrollActorSource
+    from distrl.runners.seed_sources import SeedReplaySource, SeedSource
+    from distrl.runners.unroll_sources import UnrollActorSource
 
     assert sizing.runs_inference(functools.partial(SeedSource, max_batch=4))
     assert sizing.runs_inference(SeedReplaySource)

@@ -16,10 +16,10 @@ import torch.multiprocessing as mp
 from presets import compose_run, run_py
 
 from agents import apex, impala
-from distrl import checkpoint
-from distrl.learner import Learner
-from distrl.queues import WRITING, FieldSpec, SlotPool
-from distrl.supervisor import TooManyRestarts
+from distrl.run import checkpoint
+from distrl.run.supervisor import TooManyRestarts
+from distrl.training.learner import Learner
+from distrl.transport.queues import WRITING, FieldSpec, SlotPool
 
 SPECS = {"x": FieldSpec((3, 2), torch.float32)}
 

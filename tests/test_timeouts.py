@@ -25,7 +25,7 @@ HANGING_TEST = textwrap.dedent('''
     import psutil
 
     from agents import impala
-    from distrl import learner
+    from distrl.training import learner
     from distrl.config import (CheckpointConfig, DistributedConfig, EnvConfig, LogConfig,
                                RunConfig)
 

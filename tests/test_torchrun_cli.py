@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from presets import REPO, run_group
 
-from distrl import checkpoint
+from distrl.run import checkpoint
 
 pytestmark = pytest.mark.dist
 

@@ -1,4 +1,4 @@
-"""Tests for distrl/vtrace.py: V-trace (Espeholt et al. 2018, IMPALA, Section 4.1, eq. 1).
+"""Tests for distrl/rl/vtrace.py: V-trace (Espeholt et al. 2018, IMPALA, Section 4.1, eq. 1).
 
 The vectorised path is checked against the naive eq. 1 sum in tests/reference.py, against
 the n-step return it must reduce to on-policy, against hand-computed numbers, and for
@@ -17,8 +17,8 @@ import torch
 from marks import needs_extension
 from reference import vtrace_naive
 
-from distrl import vtrace
-from distrl.vtrace import VTraceReturns, action_log_probs, from_importance_weights, from_logits
+from distrl.rl import vtrace
+from distrl.rl.vtrace import VTraceReturns, action_log_probs, from_importance_weights, from_logits
 
 SHAPES = [(1, 1), (1, 5), (7, 3), (20, 8)]
 

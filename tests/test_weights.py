@@ -1,6 +1,6 @@
-"""Tests for distrl.weights: versioned publish / pull_if_newer, buffers carried, the seqlock
-(no load while a write is in progress, retry when the buffer changes under a read), and a
-store shared with a spawned process."""
+"""Tests for distrl.transport.weights: versioned publish / pull_if_newer, buffers carried,
+the seqlock (no load while a write is in progress, retry when the buffer changes under a
+read), and a store shared with a spawned process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from distrl.weights import WeightStore
+from distrl.transport.weights import WeightStore
 
 
 def _model(seed: int) -> nn.Module:

@@ -6,11 +6,11 @@ from typing import Any, Optional, Union
 
 import torch
 
-from distrl.config import check_count
 from distrl.replay.samplers import PrioritizedSampler, UniformSampler
 from distrl.replay.sequence_storage import SequenceStorage
 from distrl.replay.storage import TransitionStorage
 from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
+from distrl.validation import check_count
 
 Sampler = Union[UniformSampler, PrioritizedSampler]
 

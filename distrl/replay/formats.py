@@ -13,12 +13,12 @@ from typing import Optional, Union
 
 import torch
 
-from distrl.config import check_count
 from distrl.replay.sequence_storage import SequenceStorage
 from distrl.replay.sequence_writer import SequenceWriter
 from distrl.replay.storage import TransitionStorage
 from distrl.replay.writers import NStepWriter, rebuild_observations
 from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
+from distrl.validation import check_count
 
 # name -> (shape of one item's field, dtype); the frames field is sized separately.
 ItemFields = dict[str, tuple[tuple[int, ...], torch.dtype]]

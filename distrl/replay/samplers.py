@@ -10,7 +10,7 @@ they arrive, ``remove`` when they leave, ``sample`` among those stored.
   maximum, as seed_rl, Acme and Dopamine take it), with beta annealed linearly from
   ``beta`` to ``beta_final`` over ``beta_steps`` samples (Ape-X keeps beta = 0.4 fixed).
   A priority of exactly 0 marks an item with nothing to train on (an R2D2 sequence with
-  no trainable step, :func:`distrl.losses.sequence_priorities`): it is never drawn and so
+  no trainable step, :func:`distrl.rl.losses.sequence_priorities`): it is never drawn and so
   never enters a batch's normalisation; ``epsilon`` is added to every other priority.
 """
 
@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.config import check_unit_interval
 from distrl.replay.sum_tree import SumTree
+from distrl.validation import check_unit_interval
 
 PRIORITY_DTYPE = torch.float64  # of the prioritized sampler's sum tree
 

@@ -23,9 +23,9 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.config import check_count
 from distrl.replay.storage import allocate_frames
 from distrl.types import SequenceBatch, SequenceSample
+from distrl.validation import check_count
 
 _STEP_FIELDS = ("prev_actions", "prev_rewards", "actions", "rewards", "terminated", "valid")
 _STATE_FIELDS = ("stored_state", "start_state")

@@ -38,9 +38,9 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.config import check_count
 from distrl.replay.writers import check_step_inputs
 from distrl.types import SequenceBatch, SequenceSample
+from distrl.validation import check_count
 
 FrameIds = tuple[int, ...]
 

@@ -27,8 +27,8 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.config import check_count
 from distrl.types import SampleBatch, TransitionBatch
+from distrl.validation import check_count
 
 
 def allocate_frames(frame_capacity: int, frame_shape: tuple[int, ...],

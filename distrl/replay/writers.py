@@ -51,8 +51,8 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from distrl.config import check_count
 from distrl.types import TransitionBatch
+from distrl.validation import check_count
 
 FrameIds = tuple[int, ...]  # ids of the frames of one observation, oldest first
 

@@ -1,0 +1,138 @@
+"""Actor-only ranks (``distributed.learner_ranks`` > 0 under torchrun): a rank that
+learns nothing, runs actors with a policy copy and sends what they fill, one slot at a
+time, to its learner rank, which sends weights back (:mod:`distrl.acting.remote`). One
+function per agent family: unroll slots for IMPALA, prioritised replay batches for
+Ape-X and R2D2."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from distrl.acting import remote
+from distrl.acting.actor import ActorStats
+from distrl.run.run_settings import RunSettings, seed_everything, settings_for_rank
+from distrl.runners.replay_sources import (
+    ReplayActorSource,
+    ReplaySourceContext,
+    ReplaySourceFactory,
+    replay_topology,
+)
+from distrl.runners.unroll_sources import (
+    UnrollActorSource,
+    UnrollSourceContext,
+    UnrollSourceFactory,
+    unroll_specs,
+)
+from distrl.training.agent_parts import ReplayAgentParts, ReplayBatch, UnrollAgentParts
+from distrl.training.learner_rank import EnvProbe, learner_thread_count, probe_env
+from distrl.transport import distributed
+from distrl.transport.queues import SlotPool
+from distrl.validation import ConfigError
+
+
+def refuse_actor_ranks_for(source: Any, plain: Any, agent: str) -> None:
+    """Actor-only ranks carry actors with a policy copy; SEED's env workers stay beside
+    the learner that serves their inference."""
+    if source is not plain:
+        raise ConfigError(
+            f"distributed.learner_ranks: actor-only ranks run actors with a policy copy "
+            f"(IMPALA, Ape-X, R2D2); agent={agent} keeps its env workers on the learner's "
+            "host, so launch it with every rank a learner (distributed.learner_ranks=0)")
+
+
+def prepare_actor_rank(settings: RunSettings, ranks: distributed.RankInfo
+                       ) -> tuple[RunSettings, EnvProbe, Any]:
+    """An actor-only rank's own seeds and threads, its env's shape, and the spawn context
+    of its actor processes (None when its actor runs in its own process)."""
+    rank_settings = settings_for_rank(settings, ranks)
+    seed_everything(rank_settings.seed)
+    env = probe_env(settings)
+    torch.set_num_threads(learner_thread_count(settings.distributed.learner_threads,
+                                               env.obs_shape, torch.device("cpu")))
+    ctx = mp.get_context("spawn") if settings.distributed.actors > 0 else None
+    return rank_settings, env, ctx
+
+
+def actor_rank_summary(sent: int) -> dict[str, Any]:
+    """What an actor-only rank returns: it learns nothing and writes nothing."""
+    return {"frames": 0, "updates": 0, "slots_sent": sent, "mean_return_20": float("nan"),
+            "run_dir": "", "checkpoint": "", "returns": []}
+
+
+def serve_unroll_actor_rank(parts: UnrollAgentParts, settings: RunSettings,
+                            source: UnrollSourceFactory, ranks: distributed.RankInfo
+                            ) -> dict[str, Any]:
+    """An actor-only rank of an unroll agent: its actors fill unroll slots that go, one
+    by one, to its learner rank."""
+    refuse_actor_ranks_for(source, UnrollActorSource, parts.name)
+    dist = settings.distributed
+    per_group = settings.envs_per_group
+    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
+    model = parts.make_model(env.obs_shape, env.num_actions)
+    specs = unroll_specs(parts, model, env.obs_shape, env.obs_dtype, env.num_actions,
+                         per_group)
+    pool = SlotPool(specs, dist.slots or 2 * max(dist.actors, 1) * dist.env_groups,
+                    mp_context=ctx)
+    experience = UnrollActorSource(UnrollSourceContext(
+        parts, rank_settings, model, env.obs_shape, env.num_actions, env.frames_per_step,
+        pool, per_group))
+    connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())
+    connection.first_weights(experience.weights)
+
+    def filled_slots() -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+        while True:
+            indices, _ = experience.next_batch(1, False, lambda: None)
+            yield pool.buffers, indices[0]
+
+    with experience:
+        sent = remote.serve_actor_rank(connection, experience.weights, filled_slots(),
+                                       lambda index: pool.release([index]), experience.drain)
+    return actor_rank_summary(sent)
+
+
+def serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
+                            source: ReplaySourceFactory, ranks: distributed.RankInfo
+                            ) -> dict[str, Any]:
+    """An actor-only rank of a replay agent: its actors' prioritised batches go, one slot
+    at a time, to its learner rank's replay."""
+    refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
+    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
+    topology = replay_topology(parts, settings, env, ranks)
+    model = parts.make_model(env.obs_shape, env.num_actions)
+    stats = ActorStats()
+
+    def insert(batch: ReplayBatch, priorities: torch.Tensor) -> None:
+        """Serial mode: the local actor's batches go into the slots that are sent."""
+        assert experience.slots is not None
+        experience.slots.write(batch, priorities, lambda: False, stats)
+
+    experience = ReplayActorSource(ReplaySourceContext(
+        parts, rank_settings, topology, model, insert, topology.frame_shape, env.obs_dtype,
+        settings.envs_per_group, env.frames_per_step, ctx, remote_ranks=1))
+    assert experience.slots is not None
+    pool = experience.slots.pool
+    connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())
+    connection.first_weights(experience.weights)
+
+    def filled_slots() -> Iterator[tuple[dict[str, torch.Tensor], int]]:
+        while True:
+            if experience.serial and not pool.full_count():
+                experience.local_actor.step()  # its batches land in the slots
+                continue
+            try:
+                (index,), _ = pool.take(1, timeout=1.0)
+            except queue.Empty:
+                experience.check()
+                continue
+            yield pool.buffers, index
+
+    with experience:
+        sent = remote.serve_actor_rank(connection, experience.weights, filled_slots(),
+                                       lambda index: pool.release([index]),
+                                       lambda: [s for _, s in experience.drain()])
+    return actor_rank_summary(sent)
