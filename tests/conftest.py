@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import psutil
 import pytest
@@ -11,12 +13,19 @@ import torch
 from distrl import ops
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Stop before any test when distrl._C did not load, unless that was asked for.
 
     Without this, every compiled-path test would skip and the suite would pass on a build
-    whose extension is broken (a bad dlopen, an ABI mismatch) or missing.
+    whose extension is broken (a bad dlopen, an ABI mismatch) or missing. A SIGTERM (a CI
+    runner cancelling the job) interrupts the session as Ctrl-C does, so the tests'
+    cleanup and the session's child-process check below still run.
     """
+    signal.signal(signal.SIGTERM, _interrupt)
     if not ops.has_extension() and not ops.extension_opted_out():
         pytest.exit(
             f"distrl._C did not load: {ops.extension_error()}. Build it with "

@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import math
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 import torch
@@ -316,6 +315,11 @@ EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
 R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 250.0
 
 
+def _run_into(results: multiprocessing.SimpleQueue, cfg: object) -> None:
+    """R2D2's run in a spawned process, its summary put on ``results``."""
+    results.put(r2d2.run(cfg))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
@@ -327,11 +331,22 @@ def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_p
     side by side, the feed-forward one in a spawned process."""
     seed = learning_seed()
     overrides = ("stop_at_return=null", f"eval.episodes={EVAL_EPISODES}", f"seed={seed}")
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending = pool.submit(r2d2.run, preset(tmp_path, "ff", *overrides,
-                                               "agent.model.use_lstm=false"))
+    context = multiprocessing.get_context("spawn")
+    results = context.SimpleQueue()
+    side = context.Process(target=_run_into, name="distrl-test-feed-forward", args=(
+        results, preset(tmp_path, "ff", *overrides, "agent.model.use_lstm=false")))
+    side.start()
+    try:  # the side run ends with the test, also when it fails or times out
         recurrent = r2d2.run(preset(tmp_path, "lstm", *overrides))
-        feed_forward = pending.result()
+        while results.empty() and side.is_alive():  # read before joining: a full pipe
+            side.join(timeout=1.0)                    # would keep the child from exiting
+        assert not results.empty(), f"the feed-forward run exited with {side.exitcode}"
+        feed_forward = results.get()
+        side.join()
+    finally:
+        if side.is_alive():
+            side.kill()
+            side.join()
     report("r2d2_lstm", seed, recurrent)
     report("r2d2_feed_forward", seed, feed_forward)
     assert recurrent["frames"] >= CARTPOLE_FRAMES and feed_forward["frames"] >= CARTPOLE_FRAMES

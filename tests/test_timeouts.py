@@ -77,3 +77,44 @@ def test_a_hung_test_fails_at_its_limit_with_a_stack_and_leaves_no_child(tmp_pat
         time.sleep(0.1)
     assert not [pid for pid in children if _alive(pid)]
 
+
+
+ABANDONING_TEST = textwrap.dedent('''
+    import multiprocessing, os, pathlib, time
+
+    def _sleep():
+        time.sleep(3600)
+
+    def test_leaves_a_child_behind():
+        child = multiprocessing.get_context("spawn").Process(target=_sleep)
+        child.start()
+        pathlib.Path(os.environ["CHILD_REPORT"]).write_text(str(child.pid))
+        time.sleep(3600)
+''')
+
+
+def test_a_sigterm_to_the_suite_ends_the_children_its_tests_left(tmp_path):
+    """A CI runner that cancels a job sends SIGTERM: the session stops as on Ctrl-C and
+    the suite's conftest ends a child process the running test started, naming it."""
+    (tmp_path / "test_abandon.py").write_text(ABANDONING_TEST)
+    report = tmp_path / "child.txt"
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "CHILD_REPORT": str(report),
+           "PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+         str(tmp_path / "test_abandon.py")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while not report.exists() and proc.poll() is None:  # the child has started
+            time.sleep(0.05)
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    child = int(report.read_text())
+    assert proc.returncode == 2, out  # pytest's "interrupted"
+    assert f"conftest: ending child process {child} left running" in out
+    assert not _alive(child)
