@@ -29,6 +29,7 @@ import yaml
 from presets import run_py_command, run_py_env
 
 from distrl.run import checkpoint
+from distrl.run.resume_settings import auto_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # A serial CartPole run that does 4 updates (4 x 20 steps x 32 envs = 2,560 frames) in seconds.
@@ -577,6 +578,57 @@ def test_resume_with_other_optimizer(run_py_child: RunPyChild, run1: Path,
     assert snapshot(run1 / "checkpoints") == snapshot_subset(before, "checkpoints")
     assert_distrl_error(result, "resume", "optimizer")
     assert snapshot(run1) == before
+
+
+# ---------------------------------------------------------------- resume=auto
+
+
+def test_resume_auto_starts_a_named_run_then_continues_it_past_a_damaged_checkpoint(
+        run_py_child: RunPyChild, tmp_path: Path) -> None:
+    """The same command started again (a launcher's restart) continues the same run: its
+    counters go on, one run directory; a damaged newest checkpoint is skipped by name."""
+    runs = tmp_path / "runs"
+    checkpoints = runs / "job" / "checkpoints"
+    first = run_py_child.run(runs, "resume=auto", "log.name=job")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (f"[distrl] resume=auto: no checkpoint in {runs / 'job'}, starting the run there"
+            in first.stdout)
+    grown = ("resume=auto", "log.name=job", "resume_overrides=[total_frames]")
+    second = run_py_child.run(runs, *grown, "total_frames=5120")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert (f"[distrl] resume=auto: continuing {runs / 'job'} from its newest intact "
+            f"checkpoint" in second.stdout)
+    state = checkpoint.load(checkpoints / "checkpoint-000000000008.pt")
+    assert (state["counters"]["frames"], state["learner"]["updates"]) == (5120, 8)
+    (checkpoints / "checkpoint-000000000008.pt").write_bytes(b"damaged")
+    third = run_py_child.run(runs, *grown, "total_frames=7680")
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert f"resume: skipped {checkpoints / 'checkpoint-000000000008.pt'}" in third.stdout
+    assert (f"resume: resuming from {checkpoints / 'checkpoint-000000000004.pt'}, the "
+            f"newest intact checkpoint" in third.stdout)
+    state = checkpoint.load(checkpoints / "checkpoint-000000000012.pt")
+    assert (state["counters"]["frames"], state["learner"]["updates"]) == (7680, 12)
+    assert [p.name for p in runs.iterdir()] == ["job"]
+
+
+def test_resume_auto_without_a_name_a_restart_would_find_is_one_line(
+        run_py_child: RunPyChild, tmp_path: Path) -> None:
+    result = run_py_child.run(tmp_path / "runs", "resume=auto")
+    assert assert_bad_input(result) == (
+        "distrl: error: resume=auto needs a run directory that a restart finds again: set "
+        "log.name, or start under torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, environ, expected", [
+    ("mine", {"TORCHELASTIC_RUN_ID": "r7", "SLURM_JOB_ID": "42"}, "mine"),
+    ("", {"TORCHELASTIC_RUN_ID": "r7", "SLURM_JOB_ID": "42"}, "torchrun-r7"),
+    ("", {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "42"}, "slurm-42"),
+    ("", {"SLURM_JOB_ID": "42"}, "slurm-42"),
+])
+def test_resume_auto_names_the_run_by_what_a_restart_keeps(name: str, environ: dict[str, str],
+                                                           expected: str) -> None:
+    assert auto_run_dir("/runs", name, environ) == (expected, Path("/runs") / expected)
 
 
 # ---------------------------------------------------------------- sweeps (-m)

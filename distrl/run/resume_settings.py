@@ -12,6 +12,12 @@ checkpointing, which do not change what is learned). A ``distributed`` size give
 ``auto`` keeps the number auto sizing chose when the run started. ``log.dir`` and
 ``log.name`` become the directory the checkpoint is in (a run directory may have been
 moved), and a given one that points elsewhere is refused.
+
+``resume=auto`` is for a command that is started again as it was (torchrun's
+``--max-restarts``, a requeued cluster job): the run directory is ``log.dir/log.name``, or,
+without a name, ``log.dir`` and torchrun's run id (``TORCHELASTIC_RUN_ID``) or Slurm's job
+id (``SLURM_JOB_ID``), which stay the same across restarts; with a checkpoint there the
+run continues from it as ``resume=<run dir>`` does, else it starts there.
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ FIXED = {
 }
 # Always the command line's: they say how this run resumes.
 COMMAND_LINE = ("resume", "resume_overrides")
+AUTO_RESUME = "auto"
+# Names that stay the same when a launcher starts the same command again, in this order.
+RESTART_STABLE_NAMES = (("TORCHELASTIC_RUN_ID", "torchrun-{}"), ("SLURM_JOB_ID", "slurm-{}"))
+
 # A config group chosen on the command line gives the leaf that names the choice.
 GROUP_LEAVES = {"agent": "agent.name", "env": "env.id"}
 
@@ -254,10 +264,44 @@ def _plain(cfg: DictConfig) -> dict[str, Any]:
     return tree
 
 
+def auto_run_dir(log_dir: str, log_name: str, environ: dict[str, str]) -> tuple[str, Path]:
+    """``resume=auto``'s run: its name and directory (see the module's docstring)."""
+    name = log_name
+    for variable, pattern in RESTART_STABLE_NAMES:
+        if not name and environ.get(variable) not in (None, "", "none"):
+            name = pattern.format(environ[variable])
+    if not name:
+        raise ConfigError(
+            "resume=auto needs a run directory that a restart finds again: set log.name, or "
+            "start under torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)")
+    return name, Path(log_dir) / name
+
+
+def resolve_auto_resume(cfg: DictConfig, environ: dict[str, str]) -> DictConfig:
+    """``cfg`` with ``resume=auto`` made ``resume=<run dir>`` (it holds a checkpoint) or
+    a new run named as the restarts will look for it; one line says which."""
+    name, run_dir = auto_run_dir(cfg.log.dir, cfg.log.name, environ)
+    cfg = cfg.copy()
+    cfg.log.name = name
+    found = checkpoint.list_checkpoints(run_dir / "checkpoints")
+    if found:
+        cfg.resume = str(run_dir)
+        line = f"[distrl] resume=auto: continuing {run_dir} from its newest intact checkpoint"
+    else:
+        cfg.resume, cfg.resume_overrides = None, []
+        line = f"[distrl] resume=auto: no checkpoint in {run_dir}, starting the run there"
+    if environ.get("RANK", "0") == "0":
+        print(line, flush=True)
+    return cfg
+
+
 def settings_of_run(cfg: DictConfig) -> DictConfig:
     """run.py's hook: ``cfg`` when not resuming, else the resumed run's config (the
     checkpoint's, with the accepted command-line values; see :func:`merge_resumed`), its
-    changes printed one line each. Needs a running Hydra app (``@hydra.main``)."""
+    changes printed one line each; ``resume=auto`` first becomes one of the two
+    (:func:`resolve_auto_resume`). Needs a running Hydra app (``@hydra.main``)."""
+    if cfg.get("resume") == AUTO_RESUME:
+        cfg = resolve_auto_resume(cfg, dict(os.environ))
     if not cfg.get("resume"):
         return cfg
     from hydra import compose
