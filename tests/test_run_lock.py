@@ -99,7 +99,7 @@ def test_a_lock_left_by_a_sigkilled_process_does_not_block(tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom distrl import run_lock\nrun_lock.take(sys.argv[1])\n"
+         "import sys, time\nfrom distrl.run import run_lock\nrun_lock.take(sys.argv[1])\n"
          "print('locked', flush=True)\ntime.sleep(120)\n", str(run_dir)],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
