@@ -24,6 +24,7 @@ import torch
 from presets import compose_run
 
 import agents
+from distrl.run.resume_settings import leaves
 from distrl.training.learner import Learner
 
 PIN = Path(__file__).with_name("behaviour_pin.json")
@@ -67,15 +68,6 @@ def deterministic(case: str) -> bool:
     return "distributed.actors=0" in CASES[case]
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        flat: dict[str, Any] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}{key}."))
-        return flat
-    return {prefix.rstrip("."): value}
-
-
 def _describe(value: Any, exact: bool) -> Any:
     """A tensor's shape and dtype; an int or bool itself where the run is deterministic."""
     if torch.is_tensor(value):
@@ -102,7 +94,7 @@ def observe(case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[
     result = agents.get(cfg.agent.name).run(cfg)
     exact = deterministic(case)
     state = torch.load(result["checkpoint"], weights_only=False)
-    entries = {key: _describe(value, exact) for key, value in _flatten(state).items()
+    entries = {key: _describe(value, exact) for key, value in leaves(state).items()
                if not key.startswith(VOLATILE)}
     observed: dict[str, Any] = {"summary_keys": sorted(result), "checkpoint": entries}
     if exact:
