@@ -22,8 +22,9 @@ from distrl.acting.actor import Actor, ActorStats, EnvGroup, PolicyOutput
 from distrl.acting.evaluation import evaluate_policy
 from distrl.config import ConfigError, EnvConfig
 from distrl.envs import VectorEnv, make_envs
+from distrl.replay.frames import rebuild_observations
 from distrl.replay.sequence_writer import SequenceWriter
-from distrl.replay.writers import NStepWriter, rebuild_observations
+from distrl.replay.writers import NStepWriter
 from distrl.types import EnvStep
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 from reference import n_step_transitions_naive
 
-from distrl.replay.writers import NStepWriter, rebuild_observations
+from distrl.replay.frames import rebuild_observations
+from distrl.replay.writers import NStepWriter
 from distrl.types import TransitionBatch
 
 

@@ -13,10 +13,11 @@ from typing import Optional, Union
 
 import torch
 
+from distrl.replay.frames import rebuild_observations
 from distrl.replay.sequence_storage import SequenceStorage
 from distrl.replay.sequence_writer import SequenceWriter
 from distrl.replay.storage import TransitionStorage
-from distrl.replay.writers import NStepWriter, rebuild_observations
+from distrl.replay.writers import NStepWriter
 from distrl.types import SampleBatch, SequenceBatch, SequenceSample, TransitionBatch
 from distrl.validation import check_count
 

@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.replay.writers import check_step_inputs
+from distrl.replay.frames import check_step_inputs
 from distrl.types import SequenceBatch, SequenceSample
 from distrl.validation import check_count
 
