@@ -15,15 +15,19 @@ Where the rest of it lives:
   ``distrl/runners/replay_learner.py``: the replay feed, drawing the next batch while an update
   runs and writing the priorities back.
 - ``distrl/rl/losses.py``: n-step double-Q targets and the Huber loss;
-  ``distrl/rl/exploration.py``: the epsilon ladder; ``distrl/runners/replay_runner.py``: the run.
+  ``distrl/rl/exploration.py``: the epsilon ladder.
+- ``distrl/runners/replay_family.py``: the replay, its source and its checkpoint on a
+  learner rank; ``distrl/runners/runner.py``: the run.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import nn
@@ -42,12 +46,17 @@ from distrl.config import (
     check_unit_interval,
 )
 from distrl.nets.models import DuelingQNet
-from distrl.nets.side_thread import SideThread
+from distrl.nets.side_thread import computed_now
 from distrl.replay.formats import NStepFormat
 from distrl.rl import losses
 from distrl.rl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.run.run_settings import Conventions
 from distrl.types import SampleBatch
+
+if TYPE_CHECKING:
+    from distrl.config import RunConfig
+    from distrl.runners.runner import ProgressHook, RunSummary, StopCheck
+    from distrl.training.agent_parts import ReplayAgentParts
 
 ACTOR_PRIORITIES = ("acting", "recompute")
 
@@ -193,31 +202,34 @@ class ApexLoss:
     (:func:`distrl.rl.losses.n_step_double_q_targets`); the loss is the mean of
     ``w_i * huber(TD_i)``, and ``|TD_i|`` are the new priorities (Horgan et al. 2018,
     Algorithm 2). Holds the target network and copies the online weights into it every
-    ``target_update_interval`` calls.
+    ``target_update_interval`` calls. Its target pass (:meth:`target_pass`) is separate, so
+    the learner step can run it beside the online passes
+    (:class:`distrl.training.learner.TargetPassLoss`).
     """
 
-    def __init__(self, model: nn.Module, target_update_interval: int, huber_delta: float = 1.0,
-                 target_in_thread: bool = True):
+    def __init__(self, model: nn.Module, target_update_interval: int, huber_delta: float = 1.0):
         self.target = copy.deepcopy(model).requires_grad_(False)
         self.target_update_interval = target_update_interval
         self.huber_delta = huber_delta
         self.calls = 0
-        # The target's forward pass runs beside the online ones on a CPU learner (side_thread).
-        self.side = SideThread("apex-target", enabled=target_in_thread)
 
-    def __call__(
-        self, model: nn.Module, batch: SampleBatch
-    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def target_pass(self, model: nn.Module, batch: SampleBatch) -> Callable[[], torch.Tensor]:
+        """``Q_target(s_{t+n}, .)`` of the batch, the target first synced if due."""
         if self.calls % self.target_update_interval == 0:
             self.target.load_state_dict(model.state_dict())
+        return lambda: self.target(batch.next_observations)
+
+    def __call__(
+        self, model: nn.Module, batch: SampleBatch, target: Future | None = None
+    ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        if target is None:  # called alone: the target pass first, in this thread
+            target = computed_now(self.target_pass(model, batch), batch.next_observations.device)
         self.calls += 1
-        next_target_pending = self.side.submit(lambda: self.target(batch.next_observations),
-                                               batch.next_observations.device)
         q = model(batch.observations)
         q_taken = q.gather(1, batch.actions.unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             next_online = model(batch.next_observations)
-        next_target = next_target_pending.result()
+        next_target = target.result()
         targets = losses.n_step_double_q_targets(batch.returns, batch.discounts, next_online,
                                                  next_target)
         td_errors = targets - q_taken
@@ -261,8 +273,9 @@ def acting_priorities(values: tuple[torch.Tensor, torch.Tensor], batch: Any) -> 
 # ---------------------------------------------------------------- parts and run
 
 
-def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
-    """The pieces the replay runner wires together for Ape-X; ``kernel`` picks the sum tree."""
+def parts(cfg: ApexConfig, kernel: str = "auto") -> ReplayAgentParts:
+    """The pieces the runner wires together for Ape-X (the replay family); ``kernel`` picks
+    the sum tree."""
     from distrl.training.agent_parts import ReplayAgentParts, ReplayConfig
 
     return ReplayAgentParts(
@@ -292,12 +305,14 @@ def parts(cfg: ApexConfig, kernel: str = "auto") -> Any:
     )
 
 
-def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
+def run(cfg: RunConfig, should_stop: StopCheck | None = None,
+        progress: ProgressHook | None = None) -> RunSummary:
     """Train Ape-X with a :class:`distrl.config.RunConfig` whose ``agent`` is ApexConfig;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
     from distrl.run.run_settings import RunSettings
-    from distrl.runners.replay_runner import train_replay_agent
+    from distrl.runners.replay_family import REPLAY
+    from distrl.runners.runner import train_agent
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
-    return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
-                              progress=progress)
+    return train_agent(REPLAY, parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
+                       progress=progress)

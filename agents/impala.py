@@ -12,7 +12,8 @@ Where the rest of it lives:
   ``distrl/transport/queues.py``; ``distrl/acting/actor_processes.py``: actors in
   processes of their own.
 - ``distrl/runners/unroll_sources.py``: the actors as the learner's source of unrolls;
-  ``distrl/runners/unroll_runner.py``: the run (its lifecycle, ranks, checkpoints, evaluation);
+  ``distrl/runners/unroll_family.py``: the slots, the feed and the checkpoint on a learner
+  rank; ``distrl/runners/runner.py``: the run (its lifecycle, ranks, evaluation);
   ``distrl/training/loop.py``: the training loop; ``distrl/training/learner.py``: the
   optimizer step.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,11 @@ from distrl.rl import losses, vtrace
 from distrl.run.run_settings import Conventions
 from distrl.transport.queues import FieldSpec
 from distrl.types import Unroll
+
+if TYPE_CHECKING:
+    from distrl.config import RunConfig
+    from distrl.runners.runner import ProgressHook, RunSummary, StopCheck
+    from distrl.training.agent_parts import UnrollAgentParts
 
 # ---------------------------------------------------------------- config
 
@@ -276,7 +282,7 @@ class ImpalaLoss:
 # ---------------------------------------------------------------- parts and run
 
 
-def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
+def parts(cfg: ImpalaConfig, kernel: str = "auto") -> UnrollAgentParts:
     """The pieces the runner wires together for IMPALA; ``kernel`` picks the V-trace path."""
     from distrl.training.agent_parts import UnrollAgentParts
 
@@ -301,10 +307,13 @@ def parts(cfg: ImpalaConfig, kernel: str = "auto") -> Any:
     )
 
 
-def run(cfg: Any, should_stop: Any = None) -> dict[str, Any]:
+def run(cfg: RunConfig, should_stop: StopCheck | None = None,
+        progress: ProgressHook | None = None) -> RunSummary:
     """Train IMPALA with a :class:`distrl.config.RunConfig` whose ``agent`` is ImpalaConfig."""
     from distrl.run.run_settings import RunSettings
-    from distrl.runners.unroll_runner import train_unroll_agent
+    from distrl.runners.runner import train_agent
+    from distrl.runners.unroll_family import UNROLL
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
-    return train_unroll_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop)
+    return train_agent(UNROLL, parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
+                       progress=progress)

@@ -16,15 +16,18 @@ Where the rest of it lives:
   priorities (eta-mix of max and mean).
 - As Ape-X: ``distrl/runners/replay_sources.py`` (the actors),
   ``distrl/runners/replay_learner.py`` (the replay feed and priority write-back),
-  ``distrl/runners/replay_runner.py`` (the run).
+  ``distrl/runners/replay_family.py`` (a learner rank's replay and checkpoint),
+  ``distrl/runners/runner.py`` (the run).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,12 +44,17 @@ from distrl.config import (
     check_unit_interval,
 )
 from distrl.nets.models import RecurrentDuelingQNet, flatten_rnn_weights
-from distrl.nets.side_thread import SideThread
+from distrl.nets.side_thread import computed_now
 from distrl.replay.formats import SequenceFormat
 from distrl.rl import losses
 from distrl.rl.exploration import epsilon_greedy, epsilon_ladder
 from distrl.run.run_settings import Conventions
 from distrl.types import SequenceBatch, SequenceSample
+
+if TYPE_CHECKING:
+    from distrl.config import RunConfig
+    from distrl.runners.runner import ProgressHook, RunSummary, StopCheck
+    from distrl.training.agent_parts import ReplayAgentParts
 
 ACTOR_PRIORITIES = ("acting", "recompute")
 
@@ -263,7 +271,7 @@ class R2D2Loss:
     def __init__(self, model: RecurrentDuelingQNet, target_update_interval: int, burn_in: int,
                  trace_length: int, n_step: int, discount: float, rescale_epsilon: float,
                  priority_eta: float, stored_state: bool = True,
-                 staleness_interval: int = 100, target_in_thread: bool = True) -> None:
+                 staleness_interval: int = 100) -> None:
         self.target = flatten_rnn_weights(copy.deepcopy(model)).requires_grad_(False)
         self.target_update_interval = target_update_interval
         self.burn_in, self.trace_length, self.n_step = burn_in, trace_length, n_step
@@ -272,20 +280,25 @@ class R2D2Loss:
         self.stored_state = stored_state
         self.staleness_interval = staleness_interval
         self.calls = 0
-        # The target's unroll runs beside the online one on a CPU learner (side_thread).
-        self.side = SideThread("r2d2-target", enabled=target_in_thread)
 
-    def __call__(self, model: RecurrentDuelingQNet, batch: SequenceSample
-                 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    def target_pass(self, model: RecurrentDuelingQNet, batch: SequenceSample
+                    ) -> Callable[[], torch.Tensor]:
+        """The target network's unroll over the whole sequence, the target first synced if
+        due; the learner step runs it beside the online unroll
+        (:class:`distrl.training.learner.TargetPassLoss`)."""
         if self.calls % self.target_update_interval == 0:
             self.target.load_state_dict(model.state_dict())
+        return lambda: unroll(self.target, batch, self.burn_in, self.stored_state)
+
+    def __call__(self, model: RecurrentDuelingQNet, batch: SequenceSample,
+                 target: Future | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        if target is None:  # called alone: the target pass first, in this thread
+            target = computed_now(self.target_pass(model, batch), batch.observations.device)
         measure = self.calls % self.staleness_interval == 0
         self.calls += 1
-        q_target_pending = self.side.submit(
-            lambda: unroll(self.target, batch, self.burn_in, self.stored_state),
-            batch.observations.device)
         q_online = unroll(model, batch, self.burn_in, self.stored_state)
-        q_target = q_target_pending.result()
+        q_target = target.result()
         td, mask = sequence_td_errors(q_online, q_target, batch, self.burn_in,
                                       self.trace_length, self.n_step, self.discount,
                                       self.rescale_epsilon)
@@ -374,8 +387,9 @@ def unclipped(rewards: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- parts and run
 
 
-def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
-    """The pieces the replay runner wires together for R2D2; ``kernel`` picks the sum tree."""
+def parts(cfg: R2D2Config, kernel: str = "auto") -> ReplayAgentParts:
+    """The pieces the runner wires together for R2D2 (the replay family); ``kernel`` picks
+    the sum tree."""
     from distrl.training.agent_parts import ReplayAgentParts, ReplayConfig
 
     sequence = {"burn_in": cfg.burn_in, "trace_length": cfg.trace_length, "n_step": cfg.n_step,
@@ -410,12 +424,14 @@ def parts(cfg: R2D2Config, kernel: str = "auto") -> Any:
     )
 
 
-def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
+def run(cfg: RunConfig, should_stop: StopCheck | None = None,
+        progress: ProgressHook | None = None) -> RunSummary:
     """Train R2D2 with a :class:`distrl.config.RunConfig` whose ``agent`` is R2D2Config;
     ``should_stop(updates)`` and ``progress(updates, frames)`` are called after updates."""
     from distrl.run.run_settings import RunSettings
-    from distrl.runners.replay_runner import train_replay_agent
+    from distrl.runners.replay_family import REPLAY
+    from distrl.runners.runner import train_agent
 
     settings = RunSettings.from_config(cfg, CONVENTIONS)
-    return train_replay_agent(parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
-                              progress=progress)
+    return train_agent(REPLAY, parts(cfg.agent, cfg.kernel), settings, should_stop=should_stop,
+                       progress=progress)

@@ -16,14 +16,15 @@ Where the rest of it lives (the paper's system, rather than its algorithm):
   sequences built on the server's side.
 - ``distrl/acting/env_workers.py``: the env worker processes and their shared-memory
   request/answer channels.
-- ``distrl/runners/seed_sources.py``: the server and workers as the learner's source, for IMPALA's
-  runner (``distrl/runners/unroll_runner.py``) and R2D2's (``distrl/runners/replay_runner.py``).
+- ``distrl/runners/seed_sources.py``: the server and workers as the learner's source of
+  unrolls (IMPALA's family, ``distrl/runners/unroll_family.py``) or of sequences (R2D2's,
+  ``distrl/runners/replay_family.py``); ``distrl/runners/runner.py``: the run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents import impala, r2d2
 from distrl.config import (
@@ -34,6 +35,10 @@ from distrl.config import (
     check_positive,
 )
 from distrl.run.run_settings import Conventions
+
+if TYPE_CHECKING:
+    from distrl.config import RunConfig
+    from distrl.runners.runner import ProgressHook, RunSummary, StopCheck
 
 LEARNERS = ("impala", "r2d2")
 LEARNER_AGENTS = {"impala": impala, "r2d2": r2d2}  # CONVENTIONS: as each learner's paper
@@ -93,35 +98,37 @@ def conventions(agent: SeedConfig) -> Conventions:
     return LEARNER_AGENTS[agent.learner].CONVENTIONS
 
 
-def run(cfg: Any, should_stop: Any = None, progress: Any = None) -> dict[str, Any]:
+def run(cfg: RunConfig, should_stop: StopCheck | None = None,
+        progress: ProgressHook | None = None) -> RunSummary:
     """Train SEED with a :class:`distrl.config.RunConfig` whose ``agent`` is SeedConfig:
-    SEED-IMPALA through the unroll runner, SEED-R2D2 through the replay runner; only the
+    SEED-IMPALA with the unroll family, SEED-R2D2 with the replay family; only the
     inference source differs from the plain agents. ``progress(updates, frames)`` is
     called after each update of a replay learner (benchmarks time it)."""
     import dataclasses
     import functools
 
     from distrl.run.run_settings import RunSettings
+    from distrl.runners.runner import train_agent
 
     agent: SeedConfig = cfg.agent
     settings = RunSettings.from_config(cfg, conventions(agent))
     inference = dict(inference=_inference_settings(agent))
     if agent.learner == "r2d2":
-        from distrl.runners.replay_runner import train_replay_agent
+        from distrl.runners.replay_family import REPLAY
         from distrl.runners.seed_sources import SeedReplaySource
 
         # R2D2's parts under SEED's name, on SEED's device (inference and training share it)
         parts = dataclasses.replace(r2d2.parts(agent.r2d2, cfg.kernel), name="seed",
                                     device=agent.device, settings_path="agent.r2d2")
-        return train_replay_agent(parts, settings, should_stop=should_stop, progress=progress,
-                                  source=functools.partial(SeedReplaySource, **inference))
+        return train_agent(REPLAY, parts, settings, should_stop=should_stop, progress=progress,
+                           source=functools.partial(SeedReplaySource, **inference))
     from distrl.runners.seed_sources import SeedSource
-    from distrl.runners.unroll_runner import train_unroll_agent
+    from distrl.runners.unroll_family import UNROLL
 
     parts = dataclasses.replace(impala.parts(agent.impala, cfg.kernel), name="seed",
                                 device=agent.device, settings_path="agent.impala")
-    return train_unroll_agent(parts, settings, should_stop=should_stop,
-                              source=functools.partial(SeedSource, **inference))
+    return train_agent(UNROLL, parts, settings, should_stop=should_stop,
+                       source=functools.partial(SeedSource, **inference))
 
 
 def _inference_settings(agent: SeedConfig) -> Any:

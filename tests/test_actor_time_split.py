@@ -20,7 +20,7 @@ from distrl.acting import inference
 from distrl.acting.actor import ActorStats
 from distrl.run.run_settings import RunSettings
 from distrl.runners import seed_sources
-from distrl.runners.replay_sources import ReplayTopology, build_replay_actor
+from distrl.runners.replay_sources import ActorLayout, build_replay_actor
 from distrl.runners.seed_sources import SeedReplaySource
 from distrl.transport.weights import WeightStore
 
@@ -44,11 +44,11 @@ def test_replay_actor_counts_its_initial_priority_forward_as_forward_not_copy(tm
 
     parts = dataclasses.replace(parts, initial_priorities=slow_priorities)
     envs = settings.distributed.envs_per_actor
-    topology = ReplayTopology((4,), 2, None, parts.exploration(envs))
-    model = parts.make_model(topology.obs_shape, topology.num_actions)
+    layout = ActorLayout((4,), 2, None, parts.exploration(envs))
+    model = parts.make_model(layout.obs_shape, layout.num_actions)
     emitted = []
     stats = ActorStats()
-    actor = build_replay_actor(parts, settings, topology, model, WeightStore(model),
+    actor = build_replay_actor(parts, settings, layout, model, WeightStore(model),
                                lambda batch, priorities: emitted.append(priorities), 0, stats)
     try:
         while len(emitted) < 3:

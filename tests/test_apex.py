@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from target_pass import call_loss
 
 from agents.apex import (
     ApexConfig,
@@ -98,17 +99,46 @@ def test_target_pass_in_a_worker_thread_changes_no_number(intra_op_threads):
     for in_thread in (False, True):
         torch.manual_seed(1)
         model = DuelingQNet((4, 10, 10), 6, head_size=16)
-        loss_fn = ApexLoss(model, target_update_interval=10, target_in_thread=in_thread)
+        loss_fn = ApexLoss(model, target_update_interval=10)
         seen = []
         loss_fn.target.register_forward_hook(
             lambda *_, seen=seen: seen.append(threading.current_thread().name))
-        loss, _, priorities = loss_fn(model, batch)
+        loss, _, priorities = call_loss(loss_fn, model, batch, in_thread)
         loss.backward()
         results[in_thread] = (loss, priorities, [p.grad for p in model.parameters()])
-        assert seen[0].startswith("apex-target") == in_thread
+        assert seen[0].startswith("learner-target") == in_thread
     (l0, p0, g0), (l1, p1, g1) = results[False], results[True]
     assert torch.equal(l0, l1) and torch.equal(p0, p1)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_the_learner_step_runs_the_target_pass_in_its_side_thread(intra_op_threads, beside):
+    """The learner, not the loss, owns the side thread (``target_beside``): a one-thread
+    CPU learner runs ApexLoss's target pass there, or in its own thread when told not to."""
+    import threading
+
+    from distrl.training.learner import Learner, make_lr_schedule, make_optimizer
+
+    intra_op_threads(1)
+    g = torch.Generator().manual_seed(0)
+    batch = SampleBatch(
+        indices=torch.arange(8), observations=torch.rand(8, 4, 10, 10, generator=g),
+        actions=torch.randint(0, 6, (8,), generator=g), returns=torch.randn(8, generator=g),
+        discounts=torch.full((8,), 0.97), weights=torch.ones(8),
+        next_observations=torch.rand(8, 4, 10, 10, generator=g))
+    model = DuelingQNet((4, 10, 10), 6, head_size=16)
+    loss_fn = ApexLoss(model, target_update_interval=10)
+    seen: list[str] = []
+    loss_fn.target.register_forward_hook(
+        lambda *_: seen.append(threading.current_thread().name))
+    optimizer = make_optimizer(model.parameters(), "adam", 1e-3)
+    learner = Learner(model, loss_fn, optimizer, make_lr_schedule(optimizer, "constant", 1),
+                      40.0, target_beside=beside)
+    learner.step(batch)
+    assert len(seen) == 1
+    assert seen[0].startswith("learner-target") == beside
+    assert beside or seen[0] == threading.current_thread().name
 
 
 def test_initial_priorities_use_the_actor_copy_for_both_nets():
@@ -253,7 +283,7 @@ def test_actors_clip_each_reward_before_the_n_step_sum(tmp_path, mode):
     from agents import apex
     from distrl.acting.actor import ActorStats
     from distrl.run.run_settings import RunSettings
-    from distrl.runners.replay_sources import ReplayTopology, build_replay_actor
+    from distrl.runners.replay_sources import ActorLayout, build_replay_actor
     from distrl.transport.weights import WeightStore
 
     cfg = compose_preset(tmp_path, "apex_cartpole", "clip", "distributed.actors=0",
@@ -261,10 +291,10 @@ def test_actors_clip_each_reward_before_the_n_step_sum(tmp_path, mode):
                          "env.imports=[counting_env]", f"agent.reward_clipping={mode}")
     settings = RunSettings.from_config(cfg, apex.CONVENTIONS)
     parts = apex.parts(cfg.agent)
-    topology = ReplayTopology((4,), 2, None, parts.exploration(2))
-    model = parts.make_model(topology.obs_shape, topology.num_actions)
+    layout = ActorLayout((4,), 2, None, parts.exploration(2))
+    model = parts.make_model(layout.obs_shape, layout.num_actions)
     batches = []
-    actor = build_replay_actor(parts, settings, topology, model, WeightStore(model),
+    actor = build_replay_actor(parts, settings, layout, model, WeightStore(model),
                                lambda batch, priorities: batches.append(batch), 0, ActorStats())
     try:
         while sum(len(b.returns) for b in batches) < 200:

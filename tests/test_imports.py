@@ -316,7 +316,7 @@ def test_rooms_and_kept_paths() -> None:
 @pytest.mark.parametrize(
     "module, source, expected",
     [
-        ("impala", "from distrl.runners.unroll_runner import train_unroll_agent\nimport torch", 0),
+        ("impala", "from distrl.runners.runner import train_agent\nimport torch", 0),
         ("impala", "from distrl.unroll_runner import train_unroll_agent", 1),
         ("apex", "from agents.impala import loss_fn", 1),
         ("apex", "from . import impala", 1),

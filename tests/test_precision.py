@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from target_pass import call_loss
 from torch.nn import functional as F
 
 from agents.apex import ApexConfig, ApexLoss
@@ -96,16 +97,15 @@ def test_bfloat16_target_pass_in_the_side_thread_changes_no_number(intra_op_thre
         torch.manual_seed(1)
         if agent == "apex":
             model = DuelingQNet((4, 84, 84), 6, head_size=32)
-            loss_fn = ApexLoss(model, target_update_interval=10, target_in_thread=in_thread)
+            loss_fn = ApexLoss(model, target_update_interval=10)
             batch = apex_batch()
         else:
             model = RecurrentDuelingQNet((4, 84, 84), 6, lstm_size=32, head_size=32)
             loss_fn = R2D2Loss(model, 10, burn_in=4, trace_length=6, n_step=2, discount=0.99,
-                               rescale_epsilon=1e-3, priority_eta=0.9,
-                               target_in_thread=in_thread)
+                               rescale_epsilon=1e-3, priority_eta=0.9)
             batch = sequence_batch()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _, priorities = loss_fn(model, batch)
+            loss, _, priorities = call_loss(loss_fn, model, batch, in_thread)
         results[in_thread] = (loss, priorities)
     assert torch.equal(results[False][0], results[True][0])
     assert torch.equal(results[False][1], results[True][1])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from learning import learning_seed, report
 from presets import compose_preset
+from target_pass import call_loss
 
 from agents import r2d2
 from agents.r2d2 import (
@@ -204,17 +205,16 @@ def test_target_unroll_in_a_worker_thread_changes_no_number(monkeypatch, intra_o
     for in_thread in (False, True):
         model = small_model()
         loss = R2D2Loss(model, target_update_interval=10, burn_in=2, trace_length=5, n_step=2,
-                        discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9,
-                        target_in_thread=in_thread)
+                        discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
         threads.clear()
-        value, _, priorities = loss(model, batch)
+        value, _, priorities = call_loss(loss, model, batch, in_thread)
         value.backward()
         target_threads = [name for net, name in threads if net is loss.target]
         online_threads = [name for net, name in threads if net is model]
         results[in_thread] = (value, priorities, [p.grad for p in model.parameters()])
         assert online_threads == [threading.current_thread().name]
         if in_thread:
-            assert target_threads[0].startswith("r2d2-target")
+            assert target_threads[0].startswith("learner-target")
         else:
             assert target_threads == [threading.current_thread().name]
     (v0, p0, g0), (v1, p1, g1) = results[False], results[True]

@@ -1,5 +1,5 @@
-"""The replay runner with Ape-X's parts: transport, prefetching, the replay-ratio limiter,
-resume with the replay, failing actors, and learning CartPole (slow)."""
+"""The runner with the replay family and Ape-X's parts: transport, prefetching, the
+replay-ratio limiter, resume with the replay, failing actors, and learning CartPole (slow)."""
 
 from __future__ import annotations
 

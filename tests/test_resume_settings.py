@@ -419,7 +419,7 @@ def test_an_unknown_override_name_is_refused_on_the_command_line(
 
 def test_a_new_lr_reaches_a_resumed_replay_learner(tmp_path: Path) -> None:
     """Ape-X (constant schedule) resumed through the Python API with another lr: the
-    replay runner's restored optimizer takes it from the next update on."""
+    replay family's restored optimizer takes it from the next update on."""
     common = ("agent.learning_starts=100", "agent.actor_buffer=50", "agent.replay_ratio=4.0",
               "distributed.envs_per_actor=4", "total_frames=1000000",
               "agent.optimizer.lr_schedule=constant")

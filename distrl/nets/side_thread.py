@@ -5,8 +5,10 @@ and Ape-X's runs slower, because the actors need that core too and small ops gai
 from it than its synchronisation costs (benchmarks/RESULTS.md). Yet the actors of a
 learner-bound run leave part of the second core idle. The target network's forward pass
 (Ape-X's ``q_target(s_{t+n})``, R2D2's unroll over the whole sequence) does not depend on
-the online network's, so :class:`SideThread` runs it in one worker thread while the
-learner's own thread computes the online pass; ATen releases the GIL inside each op, so the
+the online network's, so the learner step (:class:`distrl.training.learner.Learner`, with
+``target_beside``) runs a loss's target pass (``TargetPassLoss.target_pass``) through a
+:class:`SideThread`: one worker thread, while the learner's own thread computes the online
+pass; ATen releases the GIL inside each op, so the
 two use two cores. Each op runs with the same single-thread kernels in either thread, so
 the numbers are bit for bit those of running the two passes one after the other.
 
@@ -25,6 +27,11 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+
+
+def computed_now(fn: Callable[[], T], device: torch.device) -> Future[T]:
+    """``fn()`` computed at once in this thread, as :meth:`SideThread.submit` would."""
+    return SideThread("", enabled=False).submit(fn, device)
 
 
 class SideThread:

@@ -1,3 +1,5 @@
-"""Runs of each experience family, written on the rooms below: experience sources
-(actors, SEED's server, actor-only ranks), the replay on the learner (its feed, prefetch
-and priority write-back) and the unroll and replay runners the agents call."""
+"""The run, written once (``runner``), where a rank's actors run (``topology``), and each
+experience family's path on the rooms below: unroll slots (``unroll_family``) or the
+prioritized replay on the learner (``replay_family``, ``replay_learner``: feed, prefetch,
+priority write-back), with their experience sources (actors, SEED's server, actor-only
+ranks)."""

@@ -11,51 +11,28 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from distrl.acting import remote
 from distrl.acting.actor import ActorStats
 from distrl.run.run_settings import RunSettings, seed_everything, settings_for_rank
-from distrl.runners.replay_sources import (
-    ReplayActorSource,
-    ReplaySourceContext,
-    ReplaySourceFactory,
-    replay_topology,
-)
-from distrl.runners.unroll_sources import (
-    UnrollActorSource,
-    UnrollSourceContext,
-    UnrollSourceFactory,
-    unroll_specs,
-)
+from distrl.runners.replay_sources import ReplayActorSource, ReplaySourceContext, actor_layout
+from distrl.runners.topology import Topology
+from distrl.runners.unroll_sources import UnrollActorSource, UnrollSourceContext, unroll_specs
 from distrl.training.agent_parts import ReplayAgentParts, ReplayBatch, UnrollAgentParts
 from distrl.training.learner_rank import EnvProbe, learner_thread_count, probe_env
 from distrl.transport import distributed
 from distrl.transport.queues import SlotPool
-from distrl.validation import ConfigError
-
-
-def refuse_actor_ranks_for(source: Any, plain: Any, agent: str) -> None:
-    """Actor-only ranks carry actors with a policy copy; SEED's env workers stay beside
-    the learner that serves their inference."""
-    if source is not plain:
-        raise ConfigError(
-            f"distributed.learner_ranks: actor-only ranks run actors with a policy copy "
-            f"(IMPALA, Ape-X, R2D2); agent={agent} keeps its env workers on the learner's "
-            "host, so launch it with every rank a learner (distributed.learner_ranks=0)")
 
 
 def prepare_actor_rank(settings: RunSettings, ranks: distributed.RankInfo
-                       ) -> tuple[RunSettings, EnvProbe, Any]:
-    """An actor-only rank's own seeds and threads, its env's shape, and the spawn context
-    of its actor processes (None when its actor runs in its own process)."""
+                       ) -> tuple[RunSettings, EnvProbe]:
+    """An actor-only rank's own seeds and threads, and its env's shape."""
     rank_settings = settings_for_rank(settings, ranks)
     seed_everything(rank_settings.seed)
     env = probe_env(settings)
     torch.set_num_threads(learner_thread_count(settings.distributed.learner_threads,
                                                env.obs_shape, torch.device("cpu")))
-    ctx = mp.get_context("spawn") if settings.distributed.actors > 0 else None
-    return rank_settings, env, ctx
+    return rank_settings, env
 
 
 def actor_rank_summary(sent: int) -> dict[str, Any]:
@@ -65,22 +42,21 @@ def actor_rank_summary(sent: int) -> dict[str, Any]:
 
 
 def serve_unroll_actor_rank(parts: UnrollAgentParts, settings: RunSettings,
-                            source: UnrollSourceFactory, ranks: distributed.RankInfo
+                            topology: Topology, ranks: distributed.RankInfo
                             ) -> dict[str, Any]:
     """An actor-only rank of an unroll agent: its actors fill unroll slots that go, one
     by one, to its learner rank."""
-    refuse_actor_ranks_for(source, UnrollActorSource, parts.name)
     dist = settings.distributed
     per_group = settings.envs_per_group
-    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
+    rank_settings, env = prepare_actor_rank(settings, ranks)
     model = parts.make_model(env.obs_shape, env.num_actions)
     specs = unroll_specs(parts, model, env.obs_shape, env.obs_dtype, env.num_actions,
                          per_group)
     pool = SlotPool(specs, dist.slots or 2 * max(dist.actors, 1) * dist.env_groups,
-                    mp_context=ctx)
+                    mp_context=topology.spawn_context)
     experience = UnrollActorSource(UnrollSourceContext(
         parts, rank_settings, model, env.obs_shape, env.num_actions, env.frames_per_step,
-        pool, per_group))
+        pool, per_group, topology))
     connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())
     connection.first_weights(experience.weights)
 
@@ -96,13 +72,12 @@ def serve_unroll_actor_rank(parts: UnrollAgentParts, settings: RunSettings,
 
 
 def serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
-                            source: ReplaySourceFactory, ranks: distributed.RankInfo
+                            topology: Topology, ranks: distributed.RankInfo
                             ) -> dict[str, Any]:
     """An actor-only rank of a replay agent: its actors' prioritised batches go, one slot
     at a time, to its learner rank's replay."""
-    refuse_actor_ranks_for(source, ReplayActorSource, parts.name)
-    rank_settings, env, ctx = prepare_actor_rank(settings, ranks)
-    topology = replay_topology(parts, settings, env, ranks)
+    rank_settings, env = prepare_actor_rank(settings, ranks)
+    layout = actor_layout(parts, settings, env, ranks)
     model = parts.make_model(env.obs_shape, env.num_actions)
     stats = ActorStats()
 
@@ -112,8 +87,8 @@ def serve_replay_actor_rank(parts: ReplayAgentParts, settings: RunSettings,
         experience.slots.write(batch, priorities, lambda: False, stats)
 
     experience = ReplayActorSource(ReplaySourceContext(
-        parts, rank_settings, topology, model, insert, topology.frame_shape, env.obs_dtype,
-        settings.envs_per_group, env.frames_per_step, ctx, remote_ranks=1))
+        parts, rank_settings, layout, model, insert, layout.frame_shape, env.obs_dtype,
+        settings.envs_per_group, env.frames_per_step, topology))
     assert experience.slots is not None
     pool = experience.slots.pool
     connection = remote.LearnerConnection(ranks, experience.weights.flat.numel())

@@ -18,7 +18,7 @@ from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.samplers import PRIORITY_DTYPE, PrioritizedSampler
 from distrl.replay.sum_tree import tree_nbytes
 from distrl.run import checkpoint, memory
-from distrl.runners.replay_sources import ReplayTopology
+from distrl.runners.replay_sources import ActorLayout
 from distrl.telemetry.logging import MetricLogger
 from distrl.training import loop
 from distrl.training.agent_parts import ReplayAgentParts, ReplayBatch
@@ -165,14 +165,14 @@ class ReplayFeed:
     def __init__(self, parts: ReplayAgentParts, replay: ReplayBuffer, prefetcher: Prefetcher,
                  counters: dict[str, Any], replay_ratio: float, frame_budget: int,
                  frames_per_step: int, start_timeout_s: float, world: int,
-                 topology: ReplayTopology, envs_per_actor: int):
+                 layout: ActorLayout, envs_per_actor: int):
         self.parts, self.replay, self.prefetcher = parts, replay, prefetcher
         self.counters = counters
         self.replay_ratio = replay_ratio
         self.frame_budget = frame_budget
         self.start_timeout_s = start_timeout_s
         self.world = world
-        self.topology, self.envs_per_actor = topology, envs_per_actor
+        self.layout, self.envs_per_actor = layout, envs_per_actor
         # what the source is given to insert with (see ReplayInserts)
         self.inserts = ReplayInserts(parts, replay, prefetcher, counters, replay_ratio,
                                      frames_per_step)
@@ -252,7 +252,7 @@ class ReplayFeed:
 
     def _epsilon_range(self, actor_id: int) -> tuple[float, float]:
         n = self.envs_per_actor
-        mine = self.topology.epsilons[actor_id * n:(actor_id + 1) * n]
+        mine = self.layout.epsilons[actor_id * n:(actor_id + 1) * n]
         return float(mine.min()), float(mine.max())
 
     def _collect_actor_stats(self) -> None:

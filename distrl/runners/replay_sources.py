@@ -34,6 +34,7 @@ from distrl.replay.formats import ExperienceFormat
 from distrl.replay.sequence_writer import flatten_state
 from distrl.run import memory
 from distrl.run.run_settings import RunSettings
+from distrl.runners.topology import Topology
 from distrl.telemetry.logging import MetricLogger
 from distrl.training.agent_parts import ReplayAgentParts, ReplayBatch
 from distrl.transport import distributed
@@ -106,7 +107,7 @@ class BatchSlots:
 
 
 @dataclass
-class ReplayTopology:
+class ActorLayout:
     """What an actor needs to know about the run's shape (picklable)."""
 
     obs_shape: tuple[int, ...]
@@ -130,7 +131,7 @@ def recurrent_state_size(parts: ReplayAgentParts, model: nn.Module) -> int:
 
 
 def build_replay_actor(
-    parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology, model: nn.Module,
+    parts: ReplayAgentParts, settings: RunSettings, layout: ActorLayout, model: nn.Module,
     store: WeightStore, emit: Callable[[ReplayBatch, torch.Tensor], None], actor_id: int,
     stats: ActorStats, generation: int = 0,
 ) -> Actor:
@@ -158,13 +159,13 @@ def build_replay_actor(
                         per_group)
         env = make_envs(settings.env, per_group, seed, num_threads=dist.env_threads)
         first = actor_id * dist.envs_per_actor + g * per_group
-        writer = experience.make_writer(per_group, topology.frame_stack,
-                                        stream=topology.stream_base + actor_id * dist.env_groups
+        writer = experience.make_writer(per_group, layout.frame_stack,
+                                        stream=layout.stream_base + actor_id * dist.env_groups
                                         + g)
         sink = TransitionSink(writer, parts.actor_buffer,
                               functools.partial(prioritise_and_emit, writer),
                               parts.transform_rewards)
-        policy = parts.make_policy(model, topology.epsilons[first:first + per_group])
+        policy = parts.make_policy(model, layout.epsilons[first:first + per_group])
         groups.append(EnvGroup(env, sink, policy=policy))
 
     version, calls = -1, 0  # -1: the first call loads the learner's weights
@@ -184,17 +185,17 @@ def build_replay_actor(
 
 
 def _replay_actor(
-    parts: ReplayAgentParts, settings: RunSettings, topology: ReplayTopology,
+    parts: ReplayAgentParts, settings: RunSettings, layout: ActorLayout,
     slots: BatchSlots, store: WeightStore, actor_id: int, stats: ActorStats,
     should_stop: Callable[[], bool], generation: int,
 ) -> Actor:
     """An actor process's actor: it sends its batches through ``slots``."""
-    model = parts.make_model(topology.obs_shape, topology.num_actions)
+    model = parts.make_model(layout.obs_shape, layout.num_actions)
 
     def emit(batch: ReplayBatch, priorities: torch.Tensor) -> None:
         slots.write(batch, priorities, should_stop, stats, actor_id)
 
-    return build_replay_actor(parts, settings, topology, model, store, emit, actor_id, stats,
+    return build_replay_actor(parts, settings, layout, model, store, emit, actor_id, stats,
                               generation)
 
 
@@ -204,20 +205,19 @@ class ReplaySourceContext:
 
     parts: ReplayAgentParts
     settings: RunSettings
-    topology: ReplayTopology
+    layout: ActorLayout
     model: nn.Module  # the learner's model (architecture and initial weights)
     insert: Callable[[ReplayBatch, torch.Tensor], None]  # into the replay, learner thread only
     frame_shape: tuple[int, ...]
     frame_dtype: torch.dtype
     per_group: int
     frames_per_step: int
-    mp_context: Any  # spawn context, or None in one process
-    remote_ranks: int = 0  # actor-only ranks that send batches to this learner
+    topology: Topology  # where the actors run
 
 
 class ReplayActorSource:
     """Batches from actors that act with their own policy copy (Ape-X's topology): one
-    local actor stepped by the learner loop when ``distributed.actors == 0``, else actor
+    local actor stepped by the learner loop when the topology has it in process, else actor
     processes that send through :class:`BatchSlots`.
 
     A replay source has ``weights`` (what the learner publishes to), ``serial`` (the
@@ -230,17 +230,17 @@ class ReplayActorSource:
     def __init__(self, ctx: ReplaySourceContext):
         self.ctx = ctx
         dist = ctx.settings.distributed
-        self.serial = dist.actors == 0
+        self.serial = ctx.topology.in_process
         self.weights = WeightStore(ctx.model, shared=not self.serial)
         self.slots: BatchSlots | None = None
-        if not self.serial or ctx.remote_ranks:
+        if not self.serial or ctx.topology.senders:
             parts = ctx.parts
             state_size = recurrent_state_size(parts, ctx.model)
             self.slots = BatchSlots(
-                dist.slots or 2 * (dist.actors + ctx.remote_ranks) * dist.env_groups,
+                dist.slots or 2 * (dist.actors + ctx.topology.senders) * dist.env_groups,
                 parts.experience,
                 ctx.per_group, parts.actor_buffer, ctx.frame_shape, ctx.frame_dtype,
-                ctx.topology.frame_stack or 1, state_size, ctx.mp_context)
+                ctx.layout.frame_stack or 1, state_size, ctx.topology.spawn_context)
         self.local_actor: Actor | None = None
         self.local_stats = ActorStats()
         self.local_sinks: list[TransitionSink] = []
@@ -250,17 +250,17 @@ class ReplayActorSource:
     def __enter__(self) -> ReplayActorSource:
         c = self.ctx
         if self.serial:
-            policy_model = c.parts.make_model(c.topology.obs_shape, c.topology.num_actions)
-            self.local_actor = build_replay_actor(c.parts, c.settings, c.topology, policy_model,
+            policy_model = c.parts.make_model(c.layout.obs_shape, c.layout.num_actions)
+            self.local_actor = build_replay_actor(c.parts, c.settings, c.layout, policy_model,
                                                   self.weights, c.insert, 0, self.local_stats)
             self._exit.callback(self.local_actor.close)
             self.local_sinks = [group.sink for group in self.local_actor.groups]
         else:
-            build = functools.partial(_replay_actor, c.parts, c.settings, c.topology,
+            build = functools.partial(_replay_actor, c.parts, c.settings, c.layout,
                                       self.slots, self.weights)
             assert self.slots is not None
             self.actors = self._exit.enter_context(supervised_actors(
-                c.mp_context, c.settings, build, self.slots.pool))
+                c.topology.spawn_context, c.settings, build, self.slots.pool))
         return self
 
     def step_local(self) -> None:
@@ -322,8 +322,8 @@ def rank_epsilons(ladder: torch.Tensor, ranks: distributed.RankInfo | None) -> t
     return ladder[ranks.rank::ranks.world_size].clone()
 
 
-def replay_topology(parts: ReplayAgentParts, settings: RunSettings, env: Any,
-                    ranks: distributed.RankInfo | None) -> ReplayTopology:
+def actor_layout(parts: ReplayAgentParts, settings: RunSettings, env: Any,
+                    ranks: distributed.RankInfo | None) -> ActorLayout:
     """Observation layout and this rank's share of the epsilon ladder over every env of
     every rank (learners and actor-only ranks alike)."""
     dist = settings.distributed
@@ -334,6 +334,6 @@ def replay_topology(parts: ReplayAgentParts, settings: RunSettings, env: Any,
     if ranks is not None and not ranks.is_learner:
         position = ranks.actor_ranks_of(ranks.learner_of(ranks.rank)).index(ranks.rank)
         stream_base = (position + 1) * max(dist.actors, 1) * dist.env_groups
-    return ReplayTopology(env.obs_shape, env.num_actions, frame_stack,
+    return ActorLayout(env.obs_shape, env.num_actions, frame_stack,
                           rank_epsilons(parts.exploration(local_envs * world), ranks),
                           stream_base)

@@ -1,13 +1,13 @@
-"""SEED RL's topology as experience sources for the unroll and replay runners: env
+"""SEED RL's topology as experience sources for the unroll and replay families: env
 workers step environments, the inference server in this process acts for all of them
 and builds the experience, and the learner trains on it (Espeholt et al. 2020, Fig. 1).
 
 - :class:`SeedSource` (SEED-IMPALA): the server's channels fill unroll slots that the
-  V-trace learner takes (:func:`distrl.runners.unroll_runner.train_unroll_agent`).
+  V-trace learner takes (:func:`distrl.runners.runner.train_agent` with the unroll family).
 - :class:`SeedReplaySource` (SEED-R2D2): the server's channels write sequences, the
   server gives them their initial priorities with the inference model, and the learner
   thread inserts them into its prioritized replay
-  (:func:`distrl.runners.replay_runner.train_replay_agent`).
+  (:func:`distrl.runners.runner.train_agent` with the replay family).
 
 With ``distributed.actors == 0`` the envs step in this process and the server runs in
 the training loop (serial mode, deterministic); otherwise ``distributed.actors`` env
@@ -41,6 +41,7 @@ from distrl.acting.inference import InferenceServer, InferenceStats, InferenceWe
 from distrl.config import DistributedConfig, EnvConfig
 from distrl.envs import env_seed, make_envs
 from distrl.runners.replay_sources import ReplaySourceContext
+from distrl.runners.topology import Topology
 from distrl.runners.unroll_sources import UnrollSourceContext, wait_for_slots
 from distrl.telemetry.logging import MetricLogger
 from distrl.training.agent_parts import ReplayBatch
@@ -84,13 +85,14 @@ class _ServerSource:
         self.stats = ActorStats()  # the server's step counters, and its sinks' waits
 
     def _start(self, env: EnvConfig, dist: DistributedConfig, seed: int, per_group: int,
-               obs_shape: tuple[int, ...], obs_dtype: torch.dtype, mp_context: Any,
+               obs_shape: tuple[int, ...], obs_dtype: torch.dtype, topology: Topology,
                sinks: list[Sink], policy: Any, frames_per_step: int,
                policy_for: Any = None) -> None:
         """Open the channels (local envs, or worker processes) and the server over them."""
         num_channels = len(sinks)
         env_workers = None
-        if dist.actors == 0:
+        mp_context = topology.spawn_context
+        if topology.in_process:
             channels: Any = LocalChannels([
                 make_envs(env, per_group, env_seed(seed, 0, g, dist.env_groups, per_group),
                           num_threads=dist.env_threads)
@@ -180,7 +182,7 @@ class SeedSource(_ServerSource):
         sinks: list[Sink] = [UnrollSink(c.pool, c.parts.unroll_length, self.stats,
                                         self.should_stop) for _ in range(num_channels)]
         self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.obs_shape,
-                    c.pool.specs["observations"].dtype, c.pool.mp_context, sinks,
+                    c.pool.specs["observations"].dtype, c.topology, sinks,
                     c.parts.make_policy(self.inference_model), c.frames_per_step)
         return self
 
@@ -206,10 +208,10 @@ class SeedReplaySource(_ServerSource):
     newest weights (the learner's ``weight_sync_steps`` does not apply)."""
 
     def __init__(self, ctx: ReplaySourceContext, inference: InferenceSettings):
-        super().__init__(inference, ctx.parts.make_model, ctx.model, ctx.topology.obs_shape,
-                         ctx.topology.num_actions)
+        super().__init__(inference, ctx.parts.make_model, ctx.model, ctx.layout.obs_shape,
+                         ctx.layout.num_actions)
         self.ctx = ctx
-        self.serial = ctx.settings.distributed.actors == 0
+        self.serial = ctx.topology.in_process
         self.local_sinks: list[TransitionSink] = []
         self.arrived: queue.Queue = queue.Queue(maxsize=4 * max(1, self._num_channels()))
 
@@ -222,14 +224,14 @@ class SeedReplaySource(_ServerSource):
         parts, dist = c.parts, c.settings.distributed
         sinks = []
         for channel in range(self._num_channels()):
-            writer = parts.experience.make_writer(c.per_group, c.topology.frame_stack,
+            writer = parts.experience.make_writer(c.per_group, c.layout.frame_stack,
                                                   stream=channel)
             sinks.append(TransitionSink(writer, parts.actor_buffer,
                                         functools.partial(self._prioritise_and_emit, writer),
                                         parts.transform_rewards))
         if self.serial:
             self.local_sinks = sinks
-        epsilons = c.topology.epsilons  # env e of channel k is env k * per_group + e
+        epsilons = c.layout.epsilons  # env e of channel k is env k * per_group + e
 
         def policy_for(channels: list[int]) -> Any:
             mine = torch.cat([epsilons[k * c.per_group:(k + 1) * c.per_group]
@@ -238,8 +240,8 @@ class SeedReplaySource(_ServerSource):
             # whatever device the model runs on.
             return parts.make_policy(self.inference_model, mine)
 
-        self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.topology.obs_shape,
-                    c.frame_dtype, c.mp_context, sinks,
+        self._start(c.settings.env, dist, c.settings.seed, c.per_group, c.layout.obs_shape,
+                    c.frame_dtype, c.topology, sinks,
                     parts.make_policy(self.inference_model, epsilons[:1]),
                     c.frames_per_step, policy_for=policy_for)
         return self

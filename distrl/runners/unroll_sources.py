@@ -21,6 +21,7 @@ from distrl.acting.actor import Actor, ActorStats, EnvGroup, UnrollSink
 from distrl.acting.actor_processes import ActorProcesses, restart_seed, supervised_actors
 from distrl.envs import env_seed, make_envs
 from distrl.run.run_settings import RunSettings
+from distrl.runners.topology import Topology
 from distrl.telemetry.logging import MetricLogger
 from distrl.training.agent_parts import UnrollAgentParts
 from distrl.transport.queues import FieldSpec, SlotPool
@@ -114,11 +115,12 @@ class UnrollSourceContext:
     frames_per_step: int
     pool: SlotPool  # unrolls of ``per_group`` columns go here
     per_group: int
+    topology: Topology  # where the actors run
 
 
 class UnrollActorSource:
     """Unrolls from actors that act with their own policy copy (IMPALA's topology): in
-    this process when ``distributed.actors == 0``, else in spawned actor processes that
+    this process when the topology has them there, else in spawned actor processes that
     pull weights from a :class:`WeightStore`.
 
     An unroll source has ``weights`` (what the learner publishes to), is entered once the
@@ -129,7 +131,7 @@ class UnrollActorSource:
 
     def __init__(self, ctx: UnrollSourceContext):
         self.ctx = ctx
-        self.weights = WeightStore(ctx.model, shared=ctx.settings.distributed.actors > 0)
+        self.weights = WeightStore(ctx.model, shared=not ctx.topology.in_process)
         self.local_actor: Actor | None = None
         self.local_stats = ActorStats()
         self.actors: ActorProcesses | None = None
@@ -137,8 +139,7 @@ class UnrollActorSource:
 
     def __enter__(self) -> UnrollActorSource:
         c = self.ctx
-        dist = c.settings.distributed
-        if dist.actors == 0:
+        if c.topology.in_process:
             policy_model = c.parts.make_model(c.obs_shape, c.num_actions)
             self.local_actor = build_unroll_actor(c.parts, c.settings, policy_model,
                                                   self.weights, c.pool, 0, self.local_stats,
@@ -148,7 +149,7 @@ class UnrollActorSource:
             build = functools.partial(_unroll_actor, c.parts, c.settings, c.obs_shape,
                                       c.num_actions, c.pool, self.weights)
             self.actors = self._exit.enter_context(supervised_actors(
-                c.pool.mp_context, c.settings, build, c.pool))
+                c.topology.spawn_context, c.settings, build, c.pool))
         return self
 
     def drain(self) -> list[ActorStats]:

@@ -33,7 +33,7 @@ ReplayBatch = TransitionBatch | SequenceBatch  # what a writer flushes: items an
 @dataclass(frozen=True)
 class UnrollAgentParts:
     """What an unroll-based agent (IMPALA) plugs into
-    :func:`distrl.runners.unroll_runner.train_unroll_agent`."""
+    :func:`distrl.runners.runner.train_agent` with the unroll family."""
 
     name: str
     make_model: Callable[[tuple[int, ...], int], nn.Module]  # (obs_shape, num_actions) -> model
@@ -67,7 +67,7 @@ class ReplayConfig:
 @dataclass(frozen=True)
 class ReplayAgentParts:
     """What a replay-based agent (Ape-X, R2D2) plugs into
-    :func:`distrl.runners.replay_runner.train_replay_agent`."""
+    :func:`distrl.runners.runner.train_agent` with the replay family."""
 
     name: str
     make_model: Callable[[tuple[int, ...], int], nn.Module]  # (obs_shape, num_actions) -> model

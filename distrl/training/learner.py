@@ -1,7 +1,9 @@
 """The generic learner step: batch -> loss_fn -> backward -> clip -> optimizer step -> publish.
 
 No algorithm lives here: an agent passes ``loss_fn(model, batch) -> (loss, metrics,
-priorities)``. Also the optimizers and learning-rate schedules the papers use.
+priorities)``; a loss with a target network may also offer its target pass
+(:class:`TargetPassLoss`), which the step then runs beside the online pass. Also the
+optimizers and learning-rate schedules the papers use.
 """
 
 from __future__ import annotations
@@ -11,17 +13,34 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from distrl.config import PRECISIONS
+from distrl.nets.side_thread import SideThread
 from distrl.rl.optimizers import AdamTF, RMSpropTF
 from distrl.transport.weights import WeightStore
 from distrl.validation import ConfigError
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, float], Any]]
+
+
+@runtime_checkable
+class TargetPassLoss(Protocol):
+    """A loss whose target network's pass over a batch needs nothing of the online pass
+    (Ape-X's ``Q_target(s_{t+n})``, R2D2's target unroll), so the learner step may run it
+    beside the online pass (:class:`~distrl.nets.side_thread.SideThread`). Called without
+    ``target``, the loss runs that pass itself, in the caller's thread."""
+
+    def target_pass(self, model: nn.Module, batch: Any) -> Callable[[], Any]:
+        """The no-grad target computation for ``batch`` (the target synced first if due)."""
+
+    def __call__(self, model: nn.Module, batch: Any, target: Future | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float], Any]:
+        """``(loss, metrics, priorities)``; ``target``: the pending target pass."""
 
 
 class Diverged(RuntimeError):
@@ -202,6 +221,9 @@ class Learner:
             update (weight version, lr schedule); the metrics are the last pass's.
         precision: ``agent.precision``, the loss's arithmetic (:func:`precision_context`);
             the backward pass follows the forward's, the optimizer step is float32.
+        target_beside: run a :class:`TargetPassLoss`'s target pass in a worker thread
+            beside the online pass (a one-thread CPU learner only; elsewhere it runs in
+            this thread, see :mod:`distrl.nets.side_thread`); the numbers are the same.
     """
 
     def __init__(
@@ -218,6 +240,7 @@ class Learner:
         optimizer_path: str = "agent.optimizer",
         passes: int = 1,
         precision: str = "float32",
+        target_beside: bool = True,
     ):
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
             raise ValueError(f"Learner: passes must be a whole number >= 1, got {passes!r}")
@@ -235,6 +258,7 @@ class Learner:
         self.skipped_in_a_row = self.skipped_updates = 0
         self.passes = passes
         self.precision = precision
+        self.side = SideThread("learner-target", enabled=target_beside)
         precision_context(precision, device or torch.device("cpu"))  # refuses a bad name now
 
     @property
@@ -261,7 +285,12 @@ class Learner:
     def _update(self, batch: Any) -> tuple[dict[str, float], Any]:
         """One gradient update on ``batch`` (already on the model's device)."""
         with precision_context(self.precision, self.device or torch.device("cpu")):
-            loss, metrics, priorities = self.loss_fn(self.model, batch)
+            if isinstance(self.loss_fn, TargetPassLoss):
+                target = self.side.submit(self.loss_fn.target_pass(self.model, batch),
+                                          self.device or torch.device("cpu"))
+                loss, metrics, priorities = self.loss_fn(self.model, batch, target)
+            else:
+                loss, metrics, priorities = self.loss_fn(self.model, batch)
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().cpu()  # the replay's sum tree is on the CPU
         self.optimizer.zero_grad(set_to_none=True)

@@ -21,16 +21,10 @@ from distrl.config import OptimizerConfig
 from distrl.envs import make_envs
 from distrl.nets.torsos import channels_last_for_training
 from distrl.run.malloc import apply as apply_malloc_setting
-from distrl.run.run_settings import RunSettings, seed_everything
+from distrl.run.run_settings import RunSettings, seed_everything, settings_for_rank
 from distrl.telemetry.logging import MetricLogger
 from distrl.telemetry.throughput_meter import ThroughputMeter, run_context
-from distrl.training.learner import (
-    Learner,
-    LossFn,
-    make_lr_schedule,
-    make_optimizer,
-    resolve_device,
-)
+from distrl.training.learner import Learner, LossFn, make_lr_schedule, make_optimizer
 from distrl.training.run_dir import run_dir_for_ranks
 from distrl.training.sizing import machine_cores
 from distrl.transport import distributed
@@ -170,18 +164,17 @@ class LearnerRank:
 
 
 def start_learner_rank(settings: RunSettings, ranks: distributed.RankInfo | None,
-                       agent_name: str, agent_device: str,
+                       agent_name: str, device: torch.device,
                        make_model: Callable[[tuple[int, ...], int], nn.Module],
-                       seed: int, owner: contextlib.ExitStack) -> LearnerRank:
+                       owner: contextlib.ExitStack) -> LearnerRank:
     """Run directory (rank 0 makes it or loads the checkpoint to resume, and holds its lock
-    until ``owner`` closes), seeds from
-    ``seed``, the env's shape, the device ``agent.device`` names, the torch threads, and
-    the model, broadcast from rank 0 so every rank starts from the same weights; the malloc
-    setting (:func:`distrl.run.malloc.apply`, applied before sizing, so this call only names it)."""
+    until ``owner`` closes), this rank's seeds (:func:`~distrl.run.run_settings.settings_for_rank`),
+    the env's shape, the torch threads for ``device``, and the model, broadcast from rank 0
+    so every rank starts from the same weights; the malloc setting
+    (:func:`distrl.run.malloc.apply`, applied before sizing, so this call only names it)."""
     run_dir, resumed = run_dir_for_ranks(settings, agent_name, ranks, owner)
-    seed_everything(seed)
+    seed_everything(settings_for_rank(settings, ranks).seed)
     env = probe_env(settings)
-    device = resolve_device(agent_device, ranks.local_rank if ranks is not None else None)
     threads = learner_thread_count(settings.distributed.learner_threads, env.obs_shape, device)
     torch.set_num_threads(threads)
     malloc = apply_malloc_setting(settings.distributed.keep_freed_memory)

@@ -3,7 +3,7 @@ batch -> learner step -> publish -> agree across ranks -> log -> checkpoint -> s
 
 What differs between agent families is only where a learner batch comes from, so a
 :class:`Feed` hides it: IMPALA's takes B unrolls from the slots its actors (or SEED's
-server, or actor-only ranks) fill (:class:`distrl.runners.unroll_runner.UnrollFeed`); Ape-X's
+server, or actor-only ranks) fill (:class:`distrl.runners.unroll_family.UnrollFeed`); Ape-X's
 and R2D2's insert what arrived into their prioritized replay and sample from it, and
 are told each update's new priorities (:class:`distrl.runners.replay_learner.ReplayFeed`).
 """
@@ -11,7 +11,6 @@ are told each update's new priorities (:class:`distrl.runners.replay_learner.Rep
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from distrl.run.run_settings import RunSettings
 from distrl.run.supervisor import TooManyRestarts
 from distrl.telemetry.logging import MetricLogger
 from distrl.telemetry.progress import ProgressDisplay, ProgressReport, choose_mode
-from distrl.telemetry.throughput_meter import ThroughputMeter, run_context
+from distrl.telemetry.throughput_meter import ThroughputMeter
 from distrl.training.learner import Learner
 from distrl.transport import distributed
 
@@ -174,9 +173,8 @@ def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,
 
 def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSettings,
           ranks: distributed.RankInfo | None, counters: dict[str, Any],
-          save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None = None,
-          progress: Callable[[int, int], None] | None = None,
-          meter: ThroughputMeter | None = None) -> int:
+          save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None,
+          progress: Callable[[int, int], None] | None, meter: ThroughputMeter) -> int:
     """Train until the frame budget is spent or a stop is asked (SIGINT/SIGTERM,
     ``should_stop(updates)``, ``stop_at_return``); returns the frames of all ranks.
 
@@ -189,7 +187,7 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     ``checkpoint.interval_s`` has passed; ``progress(updates, frames)`` after each update.
 
     Each report measures the run's throughput with ``meter`` (which keeps the figures for
-    the run's summary; one for these settings if None), logs it under ``throughput/`` and
+    the run's summary), logs it under ``throughput/`` and
     shows the progress line or bar (``log.progress``) with the side that bounds the run.
 
     Actors that fail more often than ``distributed.max_actor_restarts`` stop the run like a
@@ -203,12 +201,6 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     frames = feed.rank_frames() * world
     last_report = (frames, learner.updates, time.monotonic())
     failure: TooManyRestarts | None = None  # the actors failed too often: stop, checkpoint
-    if meter is None:
-        meter = ThroughputMeter(run_context(settings.config_text,
-                                            dataclasses.asdict(settings.distributed),
-                                            settings.env.id),
-                                settings.distributed.actors == 0, torch.get_num_threads(),
-                                learner.device is not None and learner.device.type == "cuda")
     report = Reporter(logger, feed, learner, meter, settings.total_frames, ranks,
                       ProgressDisplay(choose_mode(settings.log.progress, logger.stream),
                                       logger.stream, settings.total_frames))

@@ -67,6 +67,12 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def local_rank_from_env() -> int | None:
+    """This process's ``LOCAL_RANK`` under torchrun (its GPU on a host with several), None
+    for a single-process run; readable before the process group exists."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if launched_by_torchrun() else None
+
+
 def choose_backend(world_size_on_host: int) -> str:
     """NCCL when this host has a GPU for every local rank, else gloo (CPU tensors)."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size_on_host:
@@ -209,7 +215,7 @@ def mean_over_ranks(value: float, info: RankInfo | None) -> float:
 
 @dataclass(frozen=True)
 class Agreement:
-    """What every learner rank decides together after an update (replay runner)."""
+    """What every learner rank decides together after an update (training loop)."""
 
     stop: bool  # any rank asked to stop (signal, budget, should_stop)
     checkpoint: bool  # rank 0's clock says a checkpoint is due
