@@ -87,3 +87,23 @@ def test_a_resumed_run_continues_its_counters_lr_and_curves(tmp_path, name):
     assert updates == sorted(set(updates)) and updates[-1] == resumed["updates"], updates
     after = [u for s, u in zip(steps, updates, strict=True) if s > stopped_at]
     assert after and after[0] > STOP_AT, (stopped_at, curve)
+
+
+def test_an_impala_checkpoint_of_two_ranks_counts_this_ranks_frames_old_or_new(monkeypatch):
+    """IMPALA's counter is this rank's frames; a 2-rank checkpoint written before that
+    convention (no ``frames_all_ranks``, the counter holding both ranks' frames) resumes
+    at the same point as one written after it."""
+    from distrl.runners import unroll_family
+
+    monkeypatch.setattr(unroll_family, "restore_learner", lambda *args: None)
+    monkeypatch.setattr(unroll_family.checkpoint, "set_rng_state", lambda state: None)
+    restored = []
+    for state in ({"counters": {"frames": 25600, "elapsed_s": 3.0}, "world_size": 2},
+                  {"counters": {"frames": 12800, "elapsed_s": 3.0}, "world_size": 2,
+                   "frames_all_ranks": 25600}):
+        run = object.__new__(unroll_family.UnrollRun)  # only what restore() reads
+        run.learner, run.opt = None, None
+        run.counters = {"frames": 0, "elapsed_s": 0.0}
+        run.restore({**state, "rng": None})
+        restored.append(run.counters["frames"])
+    assert restored == [12800, 12800]

@@ -86,7 +86,9 @@ def test_a_finished_run_exits_0_with_rank_0_writing_tensorboard_and_checkpoints(
     saved = checkpoint.list_checkpoints(run_dir / "checkpoints")
     assert len(saved) >= 2, saved  # periodic ones before the final one
     final = checkpoint.load(saved[-1])
-    assert final["world_size"] == 2 and final["counters"]["frames"] == 25600
+    # every rank counts its own frames; the checkpoint also holds the run's
+    assert final["world_size"] == 2 and final["counters"]["frames"] == 12800
+    assert final["frames_all_ranks"] == 25600
 
 
 def test_a_second_start_on_the_run_directory_is_refused_in_one_line_with_exit_2(finished):
