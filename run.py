@@ -1,12 +1,14 @@
 """Train an agent: ``python run.py agent=impala env=Pong`` (Hydra; ``-m seed=0,1,2`` sweeps).
 
 Exit codes: 0 the run finished (its frame budget spent, or ``stop_at_return`` reached);
-130 / 143 (128 + the signal) a SIGINT / SIGTERM stopped it, after its final checkpoint;
+130 / 143 / 138 (128 + the signal) a SIGINT / SIGTERM / SIGUSR1 (Slurm's warning before a
+time limit or preemption) stopped it after its final checkpoint: "stopped, resume me", the
+same command with ``resume=auto`` continues it;
 1 it failed: actors failed more often than allowed (after a final checkpoint) or the
 learner diverged, told in one line, or an unexpected error, with its traceback; 2 bad
 input: a setting, the command line, a checkpoint, or a size this machine cannot hold,
 told in one line
-``distrl: error: ...``. Under ``-m`` a job that exits 2, 130 or 143 ends the sweep
+``distrl: error: ...``. Under ``-m`` a job that exits 2, 130, 138 or 143 ends the sweep
 with that code; after a job that failed, Hydra runs the remaining jobs, then exits 1
 with the failure's traceback.
 """

@@ -271,7 +271,7 @@ class Grid:
         with open(run.run_dir / STDOUT, "rb") as log:
             log.seek(child.stdout_offset)
             text = log.read().decode(errors="replace")
-        if child.stop_sent or (code in (0, 130, 143) and SIGNALLED in text):  # 128 + signal
+        if child.stop_sent or (code in (0, 130, 138, 143) and SIGNALLED in text):  # 128 + signal
             status = "stopped"
         else:
             status = "finished" if code == 0 else "failed"

@@ -217,11 +217,12 @@ def test_an_unexpected_error_exits_1_with_its_traceback(tmp_path: Path) -> None:
     assert "distrl: error:" not in result.stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
 def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
         tmp_path: Path, signum: int) -> None:
     """Once the run is training (its first report), a signal ends it with a final
-    checkpoint and exit 130 (SIGINT) or 143 (SIGTERM), not 0 like a finished run."""
+    checkpoint and exit 130 (SIGINT), 143 (SIGTERM) or 138 (SIGUSR1, Slurm's warning
+    before a time limit or a preemption), not 0 like a finished run."""
     command = cli_command(tmp_path, "total_frames=1000000000", "log.interval_s=0.2",
                           "log.name=stopped")
     proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
@@ -609,6 +610,43 @@ def test_resume_auto_starts_a_named_run_then_continues_it_past_a_damaged_checkpo
     state = checkpoint.load(checkpoints / "checkpoint-000000000012.pt")
     assert (state["counters"]["frames"], state["learner"]["updates"]) == (7680, 12)
     assert [p.name for p in runs.iterdir()] == ["job"]
+
+
+def test_slurms_sigusr1_stops_a_run_with_138_and_the_same_command_continues_it(
+        tmp_path: Path) -> None:
+    """Preemption as Slurm warns of it (``--signal=USR1@120``): the run checkpoints and
+    exits 138, "stopped, resume me"; the same command started again (a requeued job)
+    continues from that checkpoint to the end of its budget, in the same run directory."""
+    command = cli_command(tmp_path, "resume=auto", "log.name=preempted", "total_frames=64000",
+                          "log.interval_s=0.2")
+    proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "updates=" in line:
+                break
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=ERROR_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines) + out
+    assert proc.returncode == 138, output + err
+    assert f"[distrl] received signal {int(signal.SIGUSR1)}: checkpointing" in output
+    stopped = checkpoint.load(re.findall(r"\[distrl\] checkpoint (\S+)", output)[-1])
+    assert 0 < stopped["counters"]["frames"] < 64000
+    again = subprocess.run(command, cwd=REPO, env=run_py_env(), capture_output=True,
+                           text=True, timeout=TRAIN_TIMEOUT_S)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "preempted"
+    assert (f"[distrl] resume=auto: continuing {run_dir} from its newest intact checkpoint"
+            in again.stdout)
+    final = checkpoint.load(checkpoint.list_checkpoints(run_dir / "checkpoints")[-1])
+    assert final["counters"]["frames"] == 64000
+    assert final["learner"]["updates"] == 64000 // 640 > stopped["learner"]["updates"]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["preempted"]
 
 
 def test_resume_auto_without_a_name_a_restart_would_find_is_one_line(

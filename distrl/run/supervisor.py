@@ -1,10 +1,12 @@
 """The child processes of a run (actors, SEED env workers): how they stop, and one
 supervisor that starts them, restarts one, and ends them all with the run.
 
-The learner process decides when a run stops. A Ctrl-C or a scheduler's SIGTERM goes to
-the whole process group; a child that died of it would take its envs or slots away from
-a learner that is still finishing its update and checkpointing. So children ignore both
-signals and end when told, when their parent is gone, or by SIGKILL at shutdown.
+The learner process decides when a run stops. A Ctrl-C, a scheduler's SIGTERM or Slurm's
+warning signal (SIGUSR1, ``--signal=USR1@120``) may reach every process of the job; a
+child that died of it would take its envs or slots away from a learner that is still
+finishing its update and checkpointing. So children ignore these signals
+(:data:`STOP_SIGNALS`) and end when told, when their parent is gone, or by SIGKILL at
+shutdown.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# The signals that stop a run after its checkpoint: Ctrl-C, a scheduler's or torchrun's
+# SIGTERM, and SIGUSR1, which Slurm sends ahead of a time limit or a preemption.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
 
 def ignore_stop_signals() -> None:
-    """Ignore SIGINT and SIGTERM in this (child) process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Ignore :data:`STOP_SIGNALS` in this (child) process."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stop_requested(stop: Any, parent_pid: int) -> Callable[[], bool]:

@@ -22,7 +22,7 @@ import torch
 from distrl.acting import remote
 from distrl.acting.actor import ActorStats
 from distrl.run.run_settings import RunSettings
-from distrl.run.supervisor import TooManyRestarts
+from distrl.run.supervisor import STOP_SIGNALS, TooManyRestarts
 from distrl.telemetry.logging import MetricLogger
 from distrl.telemetry.progress import ProgressDisplay, ProgressReport, choose_mode
 from distrl.telemetry.throughput_meter import ThroughputMeter
@@ -64,13 +64,14 @@ _stop_signal: int | None = None  # the signal that stopped this process's latest
 
 
 def stop_signal() -> int | None:
-    """The signal (SIGINT or SIGTERM) that stopped this process's latest run, None if none
-    did (``run.py`` exits ``128 + signal``)."""
+    """The signal (:data:`~distrl.run.supervisor.STOP_SIGNALS`: SIGINT, SIGTERM, SIGUSR1)
+    that stopped this process's latest run, None if none did (``run.py`` exits
+    ``128 + signal``)."""
     return _stop_signal
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM: the run finishes its update, checkpoints and exits.
+    """Set by SIGINT, SIGTERM or SIGUSR1: the run finishes its update, checkpoints and exits.
 
     A second signal means "now" (KeyboardInterrupt), except while a checkpoint is being
     written (:meth:`checkpointing`): then it waits until the file is on disk, so the
@@ -91,7 +92,7 @@ class StopFlag:
         self._deferred: int | None = None  # a second signal that came during a write
 
     def __enter__(self) -> StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: the caller stops us instead
@@ -129,8 +130,8 @@ class StopFlag:
 
 @contextlib.contextmanager
 def checkpointing() -> Iterator[None]:
-    """For a checkpoint written after :func:`train` returned (the final one): SIGINT and
-    SIGTERM are caught while it is written, so neither can abort it half-way; a first
+    """For a checkpoint written after :func:`train` returned (the final one): the stop
+    signals are caught while it is written, so neither can abort it half-way; a first
     signal stops the run after it (exit 128 + signal), a second ends the run as soon as
     the file is on disk."""
     with StopFlag(new_run=False) as flag, flag.checkpointing():
@@ -175,7 +176,7 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
           ranks: distributed.RankInfo | None, counters: dict[str, Any],
           save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None,
           progress: Callable[[int, int], None] | None, meter: ThroughputMeter) -> int:
-    """Train until the frame budget is spent or a stop is asked (SIGINT/SIGTERM,
+    """Train until the frame budget is spent or a stop is asked (SIGINT, SIGTERM, SIGUSR1,
     ``should_stop(updates)``, ``stop_at_return``); returns the frames of all ranks.
 
     Under torchrun every rank runs this loop with its own feed; two small all-reduces per
