@@ -66,6 +66,9 @@ COMMAND_LINE = ("resume", "resume_overrides")
 AUTO_RESUME = "auto"
 # Names that stay the same when a launcher starts the same command again, in this order.
 RESTART_STABLE_NAMES = (("TORCHELASTIC_RUN_ID", "torchrun-{}"), ("SLURM_JOB_ID", "slurm-{}"))
+# How often a launcher started the same command again: torchrun's restarts of its worker
+# group (--max-restarts) and Slurm's requeues.
+RESTART_COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
 # A config group chosen on the command line gives the leaf that names the choice.
 GROUP_LEAVES = {"agent": "agent.name", "env": "env.id"}
@@ -275,6 +278,12 @@ def auto_run_dir(log_dir: str, log_name: str, environ: dict[str, str]) -> tuple[
             "resume=auto needs a run directory that a restart finds again: set log.name, or "
             "start under torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)")
     return name, Path(log_dir) / name
+
+
+def launcher_restarts(environ: dict[str, str]) -> int:
+    """Times a launcher (torchrun, Slurm) has started this command again (0 at its first
+    start); a run logs it as ``run/restarts``."""
+    return sum(int(environ.get(variable) or 0) for variable in RESTART_COUNTS)
 
 
 def resolve_auto_resume(cfg: DictConfig, environ: dict[str, str]) -> DictConfig:

@@ -101,6 +101,9 @@ class ReplayRun:
         if "replay" in own:
             if sharded:
                 load_shard_replay(self.replay, own)
+            who = f"rank {self.rank.ranks.rank}'s" if self.rank.ranks is not None else "the"
+            print(f"[distrl] resume: {who} replay is back with {len(self.replay)} items "
+                  f"({self.replay.inserted} inserted since the run began)", flush=True)
             self.generator.set_state(own["sample_generator"])
             self.prefetcher.ready = own["prefetched"]
             self.writer_states = own["writers"]

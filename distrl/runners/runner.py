@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from distrl.acting import remote
 from distrl.acting.evaluation import evaluate_final_policy
 from distrl.run.malloc import apply as apply_malloc_setting
+from distrl.run.resume_settings import launcher_restarts
 from distrl.run.run_settings import RunSettings
 from distrl.runners import topology as topologies
 from distrl.runners.topology import Topology
@@ -193,6 +195,13 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
         run.experience.weights.publish(rank.model, run.learner.updates)
     logger = rank.make_logger(run.frames_all_ranks(resumed) if resumed is not None else None)
     rank.announce(kernel_line, run.announce)
+    restarts = launcher_restarts(dict(os.environ))
+    if restarts:
+        logger.add("run/restarts", restarts)
+        if rank.main:
+            print(f"[distrl] restart {restarts} by the launcher: "
+                  + (f"continuing from {resumed.path}" if resumed is not None
+                     else "no checkpoint yet, starting over"), flush=True)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(logger.close)
         cleanup.enter_context(run.experience)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  (before any process group: see init_from_env)
 from torch import nn
+from torch.distributed import rendezvous
 
 from distrl.validation import ConfigError
 
@@ -108,7 +109,14 @@ def init_from_env(timeout_s: float = 300.0, learner_ranks: int = 0) -> RankInfo 
     # then (std::terminate while freeing a tensor without the GIL). It is imported at the
     # top of this module, so those defaults hold None.
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timeout)
+        # torchrun keeps one store across the restarts of its worker group
+        # (--max-restarts): a restarted rank would read the dead ranks' addresses left in
+        # it and fail to connect. Each start keys its groups under its own attempt.
+        store, rank, world = next(rendezvous("env://", timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"distrl-start-{attempt}",
+                                                                store),
+                                rank=rank, world_size=world, timeout=timeout)
     learners = learner_ranks or world
     info = RankInfo(dist.get_rank(), world, local_rank, backend, learners)
     if learners == world:
