@@ -1,0 +1,118 @@
+"""Two torchrun "nodes" on one machine, as two hosts would start them: ``torchrun
+--nnodes=2 --node-rank=k --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT``, one process
+each, meeting over loopback. Checked: data-parallel IMPALA learners, and an IMPALA learner
+with an actor-only rank on the other node, both nodes exit 0. (A rank killed and its
+worker group restarted on one node is tests/test_restarts.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from presets import REPO
+
+from distrl.run import checkpoint
+
+pytestmark = pytest.mark.dist
+
+TINY = ("agent=impala", "env=CartPole", "distributed.actors=0", "distributed.envs_per_actor=32",
+        "distributed.env_groups=1", "agent.batch_size=32", "agent.unroll_length=20")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(node_rank: int, port: int, tmp_path: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+            f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=distrl-test", "--max-restarts=1",
+            str(REPO / "run.py"), *TINY, f"log.dir={tmp_path / 'runs'}", "log.name=job",
+            "resume=auto", *overrides, f"hydra.run.dir={tmp_path / f'hydra{node_rank}'}"]
+
+
+def _start_nodes(port: int, tmp_path: Path, *overrides: str) -> list[Node]:
+    """Node 0 first, and node 1 once node 0's agent hosts the rendezvous store (on one
+    machine either agent could host it)."""
+    first = Node(_node(0, port, tmp_path, *overrides))
+    deadline = time.monotonic() + 60
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline and first.proc.poll() is None, first.output()
+        time.sleep(0.1)
+    return [first, Node(_node(1, port, tmp_path, *overrides))]
+
+
+def _env() -> dict[str, str]:
+    tests = str(REPO / "tests")
+    return {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+            "PYTHONPATH": f"{tests}{os.pathsep}{REPO}", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+class Node:
+    """One torchrun node in a process group of its own, its output read in a thread."""
+
+    def __init__(self, command: list[str]):
+        self.proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
+                                       daemon=True)
+        self.reader.start()
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code
+
+    def kill(self) -> None:
+        """The whole node: its torchrun agent and every process under it (torchrun starts
+        its workers in sessions of their own)."""
+        if self.proc.poll() is None:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", ["two_learners", "learner_and_actor_rank"])
+def test_two_nodes_on_loopback_train_and_both_exit_0(tmp_path, case):
+    port = _free_port()
+    extra = ("total_frames=25600",) + (("distributed.learner_ranks=1",)
+                                        if case == "learner_and_actor_rank" else ())
+    nodes = _start_nodes(port, tmp_path, *extra)
+    try:
+        codes = [node.wait(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    output = nodes[0].output() + nodes[1].output()
+    assert codes == [0, 0], output[-4000:]
+    final = checkpoint.load(checkpoint.list_checkpoints(tmp_path / "runs" / "job"
+                                                        / "checkpoints")[-1])
+    if case == "two_learners":
+        assert final["world_size"] == 2 and final["frames_all_ranks"] == 25600
+        assert "learner_ranks=2 actor_ranks=0" in output
+    else:
+        assert final["world_size"] == 1 and final["counters"]["frames"] == 25600
+        assert "learner_ranks=1 actor_ranks=1" in output
+        assert "actor rank 1: sent" in output
