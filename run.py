@@ -8,9 +8,11 @@ same command with ``resume=auto`` continues it;
 learner diverged, told in one line, or an unexpected error, with its traceback; 2 bad
 input: a setting, the command line, a checkpoint, or a size this machine cannot hold,
 told in one line
-``distrl: error: ...``. Under ``-m`` a job that exits 2, 130, 138 or 143 ends the sweep
-with that code; after a job that failed, Hydra runs the remaining jobs, then exits 1
-with the failure's traceback.
+``distrl: error: ...`` (under torchrun, when rank 0 refuses its run directory or
+checkpoint, the other ranks exit 0 without a line, so that rank 0 is not stopped before
+it says why; torchrun itself exits 1). Under ``-m`` a job that exits 2, 130, 138 or 143
+ends the sweep with that code; after a job that failed, Hydra runs the remaining jobs,
+then exits 1 with the failure's traceback.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts
 from distrl.training import loop
 from distrl.training.learner import Diverged
+from distrl.training.run_dir import RefusedOnRank0
 
 register_configs()
 agents.register_configs()
@@ -83,6 +86,8 @@ def run(cfg: DictConfig) -> int:
     except BAD_INPUT as error:
         print(format_error(error), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except RefusedOnRank0:  # rank 0 says why and exits 2; torchrun's own exit is then 1
+        return EXIT_FINISHED
     except RUN_FAILED as error:  # the run's own failure, its cause in one line: no traceback
         print(f"distrl: error: {error}", file=sys.stderr, flush=True)
         return EXIT_FAILED

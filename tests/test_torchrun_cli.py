@@ -99,7 +99,11 @@ def test_a_second_start_on_the_run_directory_is_refused_in_one_line_with_exit_2(
     again = _torchrun(tmp, "total_frames=25600")
     output = again.stdout + again.stderr
     assert again.returncode == 1  # torchrun's code for any failed worker
-    assert 2 in _rank_codes(tmp)
+    # rank 0 says why and exits 2; rank 1 leaves quietly (0, or torchrun's SIGTERM once rank
+    # 0 has failed), never failing first: it used to, now and then, and torchrun then
+    # stopped rank 0 before its exit 2
+    codes = _rank_codes(tmp)
+    assert codes[0] == 2 and codes[1] in (0, -signal.SIGTERM), (codes, output[-3000:])
     assert _error_lines(output) == [
         f"distrl: error: log.name: run directory '{run_dir}' already holds checkpoints; pass "
         f"resume={run_dir} to continue it or choose another log.name"], output[-3000:]

@@ -49,20 +49,37 @@ def make_run_dir(settings: RunSettings, agent_name: str, owner: contextlib.ExitS
     return run_dir, None
 
 
+class RefusedOnRank0(Exception):
+    """Rank 0 refused the run (its run directory or checkpoint, bad input it reports
+    itself); the other learner ranks leave quietly, so that torchrun lets rank 0 end with
+    its one error line and exit 2 instead of stopping it when another rank fails first."""
+
+
 def run_dir_for_ranks(settings: RunSettings, agent_name: str, ranks: distributed.RankInfo | None,
                       owner: contextlib.ExitStack
                       ) -> tuple[Path, checkpoint.Checkpoint | None]:
     """:func:`make_run_dir` on rank 0 (which holds the lock until ``owner`` closes), the
     same directory on every other rank, which loads the checkpoint file rank 0 chose
     (rank 0 may have skipped a damaged newest one); a checkpoint written by another
-    number of learner ranks is refused."""
+    number of learner ranks is refused. When rank 0 refuses the run (a run directory in
+    use, a damaged checkpoint), the other ranks raise :class:`RefusedOnRank0`."""
     resumed: checkpoint.Checkpoint | None = None
+    refused: ConfigError | checkpoint.CheckpointError | None = None
     if ranks is None or ranks.is_main:
-        run_dir, resumed = make_run_dir(settings, agent_name, owner)
-        chosen = (str(run_dir), str(resumed.path) if resumed is not None else None)
+        try:
+            run_dir, resumed = make_run_dir(settings, agent_name, owner)
+            chosen = (str(run_dir), str(resumed.path) if resumed is not None else None, "")
+        except (ConfigError, checkpoint.CheckpointError) as error:
+            if ranks is None:
+                raise
+            refused, chosen = error, ("", None, str(error))
     else:
-        chosen = ("", None)
-    run_dir_name, resumed_path = distributed.from_rank_0(chosen, ranks)
+        chosen = ("", None, "")
+    run_dir_name, resumed_path, refusal = distributed.from_rank_0(chosen, ranks)
+    if refused is not None:
+        raise refused
+    if refusal:
+        raise RefusedOnRank0(refusal)
     run_dir = Path(run_dir_name)
     if resumed is None and resumed_path is not None:
         resumed = checkpoint.load(resumed_path)
