@@ -154,7 +154,7 @@ class ReplayInserts:
         self.seconds += time.perf_counter() - start
 
 
-class ReplayFeed:
+class ReplayFeed(loop.RankFrameBudget):
     """A replay learner's batches (:class:`distrl.training.loop.Feed`): what the source sent is
     inserted (by :class:`ReplayInserts`), updates wait for ``learning_starts`` items and,
     with a replay ratio, for credit (``replay_ratio * inserted / batch_size`` updates); each
@@ -269,12 +269,6 @@ class ReplayFeed:
     def collect(self) -> None:
         self._collect_actor_stats()
         self.experience.log(self.logger)
-
-    def rank_frames(self) -> int:
-        return self.counters["frames"]
-
-    def budget_spent(self) -> bool:
-        return self.counters["frames"] >= self.frame_budget
 
     def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
         replay = self.replay

@@ -40,7 +40,7 @@ from distrl.types import Unroll
 from distrl.validation import ConfigError
 
 
-class UnrollFeed:
+class UnrollFeed(loop.RankFrameBudget):
     """IMPALA's learner batches (:class:`distrl.training.loop.Feed`): ``batch_size / per_group``
     full slots from the source, gathered into one ``[T, B]`` unroll. ``counters["frames"]``
     counts this rank's frames; every rank learns from one batch each update."""
@@ -89,12 +89,6 @@ class UnrollFeed:
     def collect(self) -> None:
         self._collect_actor_stats()
         self.experience.log(self.logger)
-
-    def rank_frames(self) -> int:
-        return self.counters["frames"]
-
-    def budget_spent(self) -> bool:
-        return self.counters["frames"] >= self.frame_budget
 
     def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
         return {}, {}

@@ -60,6 +60,21 @@ class Feed(Protocol):
         ``replay_ratio_target``, ``replay_fill``; ``slots_full`` where slots exist)."""
 
 
+class RankFrameBudget:
+    """The one frame convention every Feed keeps (:mod:`distrl.runners.runner`):
+    ``counters["frames"]`` counts this rank's frames and ``frame_budget`` is its share of
+    ``total_frames``; a feed sets both."""
+
+    counters: dict[str, Any]
+    frame_budget: int
+
+    def rank_frames(self) -> int:
+        return self.counters["frames"]
+
+    def budget_spent(self) -> bool:
+        return self.counters["frames"] >= self.frame_budget
+
+
 _stop_signal: int | None = None  # the signal that stopped this process's latest run
 
 
