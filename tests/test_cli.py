@@ -222,9 +222,10 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
         tmp_path: Path, signum: int) -> None:
     """Once the run is training (its first report), a signal ends it with a final
     checkpoint and exit 130 (SIGINT), 143 (SIGTERM) or 138 (SIGUSR1, Slurm's warning
-    before a time limit or a preemption), not 0 like a finished run."""
+    before a time limit or a preemption), not 0 like a finished run; the evaluation,
+    which is the finished run's, is skipped (a preemption's grace period is short)."""
     command = cli_command(tmp_path, "total_frames=1000000000", "log.interval_s=0.2",
-                          "log.name=stopped")
+                          "log.name=stopped", "eval.episodes=2")
     proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -246,6 +247,9 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     assert len(final) == 1, output
     assert Path(final[0]).parent == tmp_path / "runs" / "stopped" / "checkpoints"
     assert checkpoint.load(final[0])["learner"]["updates"] >= 1
+    assert (f"[distrl] eval: skipped, the run was stopped by signal {int(signum)} before its "
+            "budget; it evaluates when it finishes") in output
+    assert "[distrl] eval: 2 episodes" not in output
 
 
 # ---------------------------------------------------------------- config errors, in process
@@ -618,7 +622,7 @@ def test_slurms_sigusr1_stops_a_run_with_138_and_the_same_command_continues_it(
     exits 138, "stopped, resume me"; the same command started again (a requeued job)
     continues from that checkpoint to the end of its budget, in the same run directory."""
     command = cli_command(tmp_path, "resume=auto", "log.name=preempted", "total_frames=64000",
-                          "log.interval_s=0.2")
+                          "log.interval_s=0.2", "eval.episodes=2")
     proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -647,6 +651,8 @@ def test_slurms_sigusr1_stops_a_run_with_138_and_the_same_command_continues_it(
     assert final["counters"]["frames"] == 64000
     assert final["learner"]["updates"] == 64000 // 640 > stopped["learner"]["updates"]
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["preempted"]
+    assert "[distrl] eval: skipped" in output  # the stopped part did not evaluate
+    assert "[distrl] eval: 2 episodes" in again.stdout  # the finished run did
 
 
 def test_resume_auto_without_a_name_a_restart_would_find_is_one_line(

@@ -216,7 +216,13 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
             final = final_checkpoint(resumed, run.learner.updates,
                                      lambda: run.save_checkpoint(frames), announce=rank.main)
         evaluation: dict[str, Any] = {}
-        if rank.main:
+        stopped_by = loop.stop_signal()
+        if rank.main and stopped_by is not None and settings.evaluation.episodes:
+            # "stopped, resume me": a preempted job's grace period is for the checkpoint,
+            # and the policy to score is the finished run's
+            print(f"[distrl] eval: skipped, the run was stopped by signal {int(stopped_by)} "
+                  "before its budget; it evaluates when it finishes", flush=True)
+        elif rank.main:
             make_policy, epsilon = family.evaluation_policy(parts, rank.model, settings)
             evaluation = evaluate_final_policy(settings.evaluation, settings.env, settings.seed,
                                                make_policy, logger, frames, epsilon)
