@@ -34,7 +34,7 @@ from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts
 from distrl.training import loop
 from distrl.training.learner import Diverged
-from distrl.training.run_dir import RefusedOnRank0
+from distrl.training.run_dir import RefusedOnRank0, default_run_name
 
 register_configs()
 agents.register_configs()
@@ -77,11 +77,28 @@ def _first_line(error: BaseException) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
+def name_sweep_job(cfg: DictConfig) -> DictConfig:
+    """Under ``-m`` (a Hydra sweep, whatever its launcher), a new run without ``log.name``
+    is named as a single run is, plus its job number: jobs that start in the same second
+    with the same seed would otherwise share a directory."""
+    if cfg.log.name or cfg.get("resume"):
+        return cfg
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return cfg
+    cfg = cfg.copy()
+    cfg.log.name = default_run_name(cfg.agent.name, cfg.env.id, cfg.seed,
+                                    job=HydraConfig.get().job.num)
+    return cfg
+
+
 def run(cfg: DictConfig) -> int:
     """Validate ``cfg``, train its agent and return the process's exit code; bad input is
     reported on stderr in one line. An unexpected error propagates with its traceback."""
     try:
-        run_cfg = to_run_config(settings_of_run(cfg))  # resume: the checkpoint's settings
+        run_cfg = to_run_config(settings_of_run(name_sweep_job(cfg)))  # resume: the checkpoint's
         agents.get(run_cfg.agent.name).run(run_cfg)
     except BAD_INPUT as error:
         print(format_error(error), file=sys.stderr, flush=True)

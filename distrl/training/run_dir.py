@@ -20,6 +20,14 @@ from distrl.validation import ConfigError
 CHECKPOINT_FORMAT = 1
 
 
+def default_run_name(agent_name: str, env_id: str, seed: int, job: int | None = None) -> str:
+    """A run's directory name when ``log.name`` is empty: ``<agent>-<env>-seed<seed>-<start
+    time>``, and ``-job<N>`` for job N of a Hydra sweep (``-m``), whose jobs may start in the
+    same second with the same seed."""
+    name = f"{agent_name}-{env_id.replace('/', '_')}-seed{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return name if job is None else f"{name}-job{job}"
+
+
 def make_run_dir(settings: RunSettings, agent_name: str, owner: contextlib.ExitStack
                  ) -> tuple[Path, checkpoint.Checkpoint | None]:
     """The run directory, locked for this run until ``owner`` closes (a directory another
@@ -35,10 +43,7 @@ def make_run_dir(settings: RunSettings, agent_name: str, owner: contextlib.ExitS
                 f"not {agent_name!r}"
             )
         return run_dir, state
-    name = settings.log.name or (
-        f"{agent_name}-{settings.env.id.replace('/', '_')}-seed{settings.seed}-"
-        f"{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    name = settings.log.name or default_run_name(agent_name, settings.env.id, settings.seed)
     run_dir = Path(settings.log.dir) / name
     owner.enter_context(run_lock.take(run_dir, "log.name"))
     if checkpoint.list_checkpoints(run_dir / "checkpoints"):
