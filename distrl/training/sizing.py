@@ -16,8 +16,12 @@ only ``env_s``. Its ``t`` stops one short of ``C``: the inference server's threa
 learner's in the same process, and a learner whose OpenMP threads outnumber the cores left
 to them waits on each other; on 2 cores SEED-IMPALA Pong ran 1.20x faster with one learner
 thread than with the two the model without that rule chose.)
-:func:`choose_topology` takes the ``t`` with the highest ``fps(t)`` (the fewest threads on
-a tie: a thread that does not speed the learner up only takes a core from the actors),
+:func:`choose_topology` takes the fewest threads whose ``fps(t)`` is within
+:data:`THREAD_GAIN` (10%) of the highest: a thread that does not speed the learner up only
+takes a core from the actors, and a learner whose OpenMP threads wait on each other
+collapses when anything else takes a core (APPO on Pong, 2 cores, 2 learner threads
+predicted 1.07x one thread's frames/s; beside a second run it made 315 frames/s, and 2,240
+on one thread: benchmarks/RESULTS.md),
 then as many actor processes as the actors' share ``fps * (env_s + forward_s)`` of cores
 needs, each counted as the cores one actor keeps busy (:func:`cores_per_actor`: its two
 env groups overlap ale-py's stepping with the forward pass, so between one and two).
@@ -104,6 +108,10 @@ class Costs:
         return one * ((1 - p) + p / threads)
 
 
+# A learner thread more must promise at least this factor of frames/s (module docstring).
+THREAD_GAIN = 1.10
+
+
 @dataclass(frozen=True)
 class Topology:
     """A chosen topology and the figures it was chosen by."""
@@ -172,7 +180,7 @@ def choose_topology(costs: Costs, cores: int, batch_size: int | None,
     rates = {t: predicted_fps(costs, cores, t, central_inference, gpu_learner)
              for t in candidates}
     best = max(rates.values())
-    threads = min(t for t, r in rates.items() if r >= best * 0.999)
+    threads = min(t for t, r in rates.items() if r * THREAD_GAIN >= best)
     fps = rates[threads]
     acting_s = costs.env_s + (0.0 if central_inference else costs.forward_s)
     actor_cores = fps * acting_s
