@@ -610,10 +610,12 @@ def test_a_run_whose_preset_came_to_name_its_default_is_skipped_without_a_note(
 def test_every_archived_minatar_run_of_the_replay_agents_ran_with_todays_settings():
     """The committed suite's Ape-X, R2D2 and SEED-R2D2 runs: their preset's fingerprint is
     today's, or one listed as the same settings (the defaults that moved into the preset)."""
-    archive = Path(__file__).resolve().parents[1] / "benchmarks" / "minatar_runs"
+    archive = Path(__file__).resolve().parents[1] / "results" / "minatar" / "suite"
     for agent in ("apex", "r2d2", "seed_r2d2"):
         preset, today = suite.MINATAR.preset(agent), suite.preset_fingerprint(agent)
-        for path in sorted(archive.glob(f"{agent}-*/{suite.SUMMARY}")):
+        summaries = sorted(archive.glob(f"{agent}-*/{suite.SUMMARY}"))
+        assert summaries, f"no {agent} runs in {archive}"
+        for path in summaries:
             recorded = json.loads(path.read_text())["preset_sha"]
             assert suite.same_settings(preset, recorded, today), path
 
