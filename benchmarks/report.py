@@ -1,8 +1,8 @@
 """Tables and learning curves of a MinAtar or Atari suite, from its run directories alone.
 
-    python benchmarks/report.py results/minatar [--readme-table README.md] [--png curves.png]
+    python benchmarks/report.py results/minatar/suite [--readme-table README.md] [--png curves.png]
         [--supplement DIR]
-    python benchmarks/report.py benchmarks/atari_runs [--suite atari] \
+    python benchmarks/report.py results/atari/tuning_impala_a [--suite atari] \
         [--readme-table README.md] [--png pong.png]
 
 The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it

@@ -1,12 +1,12 @@
 """Run a grid of agents x games x seeds (MinAtar or Atari), one ``run.py`` per run, resumably.
 
-    python benchmarks/reproduce.py --out results/minatar --agents impala apex r2d2 \
+    python benchmarks/reproduce.py --out runs/minatar --agents impala apex r2d2 \
         --games Breakout SpaceInvaders --seeds 0 1 2 --frames 5000000 \
         [--suite minatar|atari] [--jobs N] [--set key=value ...] [--dry-run] \
         [--run-cmd "python run.py"] [--reach RETURN ...] \
         [--no-start-after MINUTES] [--stop-after MINUTES]
 
-    python benchmarks/reproduce.py --suite atari --out results/pong \
+    python benchmarks/reproduce.py --suite atari --out runs/pong \
         --archive benchmarks/atari_runs --agents appo --games Pong --seeds 1 \
         --frames 20000000 --set stop_at_return=19 log.progress=lines
 
