@@ -5,11 +5,14 @@ the env presets, and a short serial IMPALA run."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from learning import learning_seed, report
-from presets import compose_preset, compose_run
+from presets import compose_preset, compose_run, run_py_env
 from recording import record_kwargs
 
 from agents import impala
@@ -284,6 +287,44 @@ def test_bad_values_name_their_field() -> None:
         make_envs(EnvConfig(id="MinAtar/Breakout-v1", full_action_space=True), 1, seed=0)
     with pytest.raises(ConfigError, match="^num_envs must be positive"):
         make_envs(EnvConfig(id="MinAtar-Breakout"), 0, seed=0)
+
+
+# minatar is an extra (pyproject.toml), so a plain install lacks it: None in sys.modules
+# makes ``import minatar`` fail as it does where the package is absent.
+INSTALL_COMMAND = 'pip install --no-build-isolation -e ".[minatar]"'
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("env_id", ["MinAtar-Breakout", "MinAtar/Seaquest-v1"])
+def test_missing_package_is_a_config_error_naming_the_install_command(
+        monkeypatch: pytest.MonkeyPatch, env_id: str) -> None:
+    monkeypatch.setitem(sys.modules, "minatar", None)
+    with pytest.raises(ConfigError) as info:
+        make_envs(EnvConfig(id=env_id), 1, seed=0)
+    message = str(info.value)
+    assert message.startswith(f"env.id {env_id!r} needs the minatar package, which is not "
+                              "installed")
+    assert INSTALL_COMMAND in message and "\n" not in message
+
+
+def test_run_py_without_the_package_stops_with_one_line(tmp_path: Path) -> None:
+    # python run.py, with minatar made unimportable first: one distrl: error line, exit 2.
+    run_py = REPO / "run.py"
+    blocked = ("import runpy, sys; sys.modules['minatar'] = None; "
+               f"sys.argv = [{str(run_py)!r}, *sys.argv[1:]]; "
+               f"runpy.run_path({str(run_py)!r}, run_name='__main__')")
+    result = subprocess.run(
+        [sys.executable, "-c", blocked, "env=MinAtar-Breakout", "total_frames=2560",
+         "distributed.actors=0", f"log.dir={tmp_path / 'runs'}",
+         f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=REPO, env=run_py_env(), capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output, output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["distrl: error: env.id 'MinAtar-Breakout' needs the minatar package, "
+                     f"which is not installed; install it with {INSTALL_COMMAND} (in the "
+                     "repository), or pip install minatar"], output
 
 
 @pytest.mark.parametrize("game", list(CHANNELS))

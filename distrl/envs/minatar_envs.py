@@ -70,6 +70,27 @@ def minatar_game(env_id: str) -> tuple[str, int | None]:
     return game, version
 
 
+# The package is an extra (pyproject.toml: minatar), not a core requirement.
+MINATAR_INSTALL = 'pip install --no-build-isolation -e ".[minatar]"'
+
+
+def require_minatar(env_id: str) -> None:
+    """Import the ``minatar`` package, or say in one line how to install it.
+
+    Raises:
+        ConfigError: naming ``env_id`` and the install command, if the package is absent.
+    """
+    try:
+        import minatar  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "minatar":  # the package is there but something it imports is not
+            raise
+        raise ConfigError(
+            f"env.id {env_id!r} needs the minatar package, which is not installed; "
+            f"install it with {MINATAR_INSTALL} (in the repository), or pip install minatar"
+        ) from None
+
+
 def _minatar_environment(**kwargs: Any) -> Any:
     """Build one ``minatar.Environment``; one seam so tests see exactly what reaches it.
 
@@ -190,9 +211,11 @@ def make_minatar_games(
         max_episode_steps: steps before a game is truncated.
 
     Raises:
-        ConfigError: an unknown game, or an action set the id's version contradicts.
+        ConfigError: an unknown game, an action set the id's version contradicts, or
+            the minatar package not installed (an extra: ``pip install -e ".[minatar]"``).
     """
     game, version = minatar_game(env_id)
+    require_minatar(env_id)
     if version is not None:
         full_for_version = version == 0
         if full_action_space is not None and bool(full_action_space) != full_for_version:
