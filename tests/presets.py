@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,46 @@ def run_group(command: list[str], timeout: float, **kwargs: Any
         proc.communicate()
         raise
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+class Training:
+    """A command that trains (``run.py``, torchrun, a launcher script), started in a session
+    of its own with stdout and stderr read together by a thread, for tests that act on it
+    mid-run: ``wait_until`` it trains, then signal or kill it, then ``finish``. Leaving the
+    ``with`` block SIGKILLs whatever is left of its process group, so no test leaves one
+    behind, also when it fails or times out."""
+
+    def __init__(self, command: list[str], **popen: Any) -> None:
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True, **popen)
+        self.lines: list[str] = []
+        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        self._reader = threading.Thread(target=lambda: self.lines.extend(stdout), daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_until(self, ready: Callable[[], bool] | None = None) -> None:
+        """Wait until it has reported an update (``updates=`` in a report line: training,
+        past start-up, its signal handlers in place) and ``ready()`` holds; it must not
+        exit first. The test's own time limit ends a wait that never ends."""
+        while not (any("updates=" in line for line in self.lines) and (ready is None or ready())):
+            assert self.proc.poll() is None, self.output[-3000:]
+            threading.Event().wait(0.2)
+
+    def finish(self, timeout: float) -> int:
+        """Wait for its exit (at most ``timeout`` s) and the last of its output; its code."""
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.proc.returncode
+
+    def __enter__(self) -> Training:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

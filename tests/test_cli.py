@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from presets import run_py_command, run_py_env
+from presets import Training, run_py_command, run_py_env
 
 from distrl.run import checkpoint
 from distrl.run.resume_settings import auto_run_dir
@@ -226,23 +226,14 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     which is the finished run's, is skipped (a preemption's grace period is short)."""
     command = cli_command(tmp_path, "total_frames=1000000000", "log.interval_s=0.2",
                           "log.name=stopped", "eval.episodes=2")
-    proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "updates=" in line:
-                break
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=ERROR_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = "".join(lines) + out
-    assert proc.returncode == 128 + signum, output + err
+    with Training(command, cwd=REPO, env=run_py_env()) as run:
+        run.wait_until()
+        run.proc.send_signal(signum)
+        code = run.finish(timeout=ERROR_TIMEOUT_S)
+    output = run.output
+    assert code == 128 + signum, output
     assert f"[distrl] received signal {signum}: checkpointing and stopping" in output
-    assert "Traceback" not in err, err
+    assert "Traceback" not in output, output
     final = re.findall(r"\[distrl\] checkpoint (\S+)", output)
     assert len(final) == 1, output
     assert Path(final[0]).parent == tmp_path / "runs" / "stopped" / "checkpoints"
@@ -623,21 +614,12 @@ def test_slurms_sigusr1_stops_a_run_with_138_and_the_same_command_continues_it(
     continues from that checkpoint to the end of its budget, in the same run directory."""
     command = cli_command(tmp_path, "resume=auto", "log.name=preempted", "total_frames=64000",
                           "log.interval_s=0.2", "eval.episodes=2")
-    proc = subprocess.Popen(command, cwd=REPO, env=run_py_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "updates=" in line:
-                break
-        proc.send_signal(signal.SIGUSR1)
-        out, err = proc.communicate(timeout=ERROR_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = "".join(lines) + out
-    assert proc.returncode == 138, output + err
+    with Training(command, cwd=REPO, env=run_py_env()) as run:
+        run.wait_until()
+        run.proc.send_signal(signal.SIGUSR1)
+        code = run.finish(timeout=ERROR_TIMEOUT_S)
+    output = run.output
+    assert code == 138, output
     assert f"[distrl] received signal {int(signal.SIGUSR1)}: checkpointing" in output
     stopped = checkpoint.load(re.findall(r"\[distrl\] checkpoint (\S+)", output)[-1])
     assert 0 < stopped["counters"]["frames"] < 64000

@@ -10,8 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from learning import learning_seed, report
-from presets import run_group
+from presets import Training, run_group
 from torch import nn
 
 from distrl.training.learner import Learner, make_lr_schedule
@@ -252,25 +250,15 @@ def test_sigterm_stops_every_rank_at_the_same_update_with_a_checkpoint(tmp_path)
     script.write_text(TRAIN_WITH_2_RANKS.format(root=str(root), tests=str(root / "tests"),
                                                 tmp=str(tmp_path), actors=2,
                                                 frames=10**9, interval=1.0))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(script)]
+    with Training(command) as job:
         # Rank 0's first report (every second here) comes after an update: both ranks
         # are in their training loops, past actor start-up, with their signal handlers.
-        while not any("updates=" in line for line in lines):  # the test's limit ends a hang
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=90)  # a job that ignores SIGTERM fails here
-        reader.join(timeout=10)
-        output = "".join(lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        job.wait_until()
+        job.proc.send_signal(signal.SIGTERM)
+        job.finish(timeout=90)  # a job that ignores SIGTERM fails here
+    output = job.output
     assert all((tmp_path / f"result{rank}.txt").exists() for rank in range(2)), output[-3000:]
     results = [(tmp_path / f"result{rank}.txt").read_text().split() for rank in range(2)]
     assert results[0][0] == results[1][0] and int(results[0][0]) > 0, output[-3000:]

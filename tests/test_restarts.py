@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from presets import REPO
+from presets import REPO, Training
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from distrl.run import checkpoint
@@ -68,28 +66,15 @@ def _env() -> dict[str, str]:
 def test_a_killed_rank_is_restarted_and_the_run_completes_its_budget(tmp_path, name):
     overrides, frames_per_update = RUNS[name]
     total = int(next(o for o in overrides if o.startswith("total_frames=")).split("=")[1])
-    proc = subprocess.Popen(_command(tmp_path, overrides), cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
     checkpoints = tmp_path / "runs" / "job" / "checkpoints"
-    try:
+    with Training(_command(tmp_path, overrides), cwd=REPO, env=_env()) as job:
         # both ranks train and a periodic checkpoint is on disk: kill rank 1 (a lost host)
-        while not (any("updates=" in line for line in lines)
-                   and checkpoint.list_checkpoints(checkpoints)):
-            assert proc.poll() is None, "".join(lines)[-3000:]
-            threading.Event().wait(0.2)
+        job.wait_until(lambda: bool(checkpoint.list_checkpoints(checkpoints)))
         before = checkpoint.load(checkpoint.list_checkpoints(checkpoints)[-1])
         os.kill(int((tmp_path / "pid1-0").read_text()), signal.SIGKILL)
-        proc.wait(timeout=480)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = "".join(lines)
-    assert proc.returncode == 0, output[-4000:]
+        code = job.finish(timeout=480)
+    output = job.output
+    assert code == 0, output[-4000:]
     assert (tmp_path / "pid1-1").exists()  # torchrun started the group again
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["job"]
     assert "[distrl] restart 1 by the launcher: continuing from" in output, output[-4000:]

@@ -11,13 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from presets import REPO
+from presets import REPO, Training
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from distrl.run import checkpoint
@@ -64,33 +62,21 @@ def _slurm(tmp_path: Path) -> dict[str, str]:
             "DISTRL_RUNS": str(tmp_path / "runs"), "DISTRL_RDZV_PORT": str(_free_port())}
 
 
-def _start(tmp_path: Path, environment: dict[str, str], attempt: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(["bash", str(SCRIPT), *RUN,
-                             f"hydra.run.dir={tmp_path / f'hydra{attempt}'}"],
-                            cwd=REPO, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def _start(tmp_path: Path, environment: dict[str, str], attempt: int) -> Training:
+    return Training(["bash", str(SCRIPT), *RUN, f"hydra.run.dir={tmp_path / f'hydra{attempt}'}"],
+                    cwd=REPO, env=environment)
 
 
 @pytest.mark.timeout(600)
 def test_usr1_stops_the_run_requeues_the_job_and_the_requeued_job_finishes_it(tmp_path):
     environment = _slurm(tmp_path)
-    job = _start(tmp_path, environment, 0)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
-    reader.start()
     run_dir = tmp_path / "runs" / "slurm-4242"
-    try:
-        while not any("updates=" in line for line in lines):
-            assert job.poll() is None, "".join(lines)[-3000:]
-            threading.Event().wait(0.2)
-        job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@120 goes to the batch shell
-        job.wait(timeout=120)
-        reader.join(timeout=10)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    first = "".join(lines)
-    assert job.returncode == 0, first[-4000:]
+    with _start(tmp_path, environment, 0) as job:
+        job.wait_until()
+        job.proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@120: the batch shell
+        code = job.finish(timeout=120)
+    first = job.output
+    assert code == 0, first[-4000:]
     assert "distrl.sbatch: the run stopped (exit" in first, first[-4000:]
     assert "[distrl] received signal 15: checkpointing and stopping" in first
     assert (tmp_path / "scontrol.log").read_text().splitlines()[-1] == "requeue 4242"
@@ -98,13 +84,10 @@ def test_usr1_stops_the_run_requeues_the_job_and_the_requeued_job_finishes_it(tm
     assert 0 < stopped["counters"]["frames"] < TOTAL_FRAMES
 
     # Slurm starts the requeued job with the same script and arguments
-    again = _start(tmp_path, {**environment, "SLURM_RESTART_COUNT": "1"}, 1)
-    try:
-        output, _ = again.communicate(timeout=300)
-    finally:
-        if again.poll() is None:
-            os.killpg(again.pid, signal.SIGKILL)
-    assert again.returncode == 0, output[-4000:]
+    with _start(tmp_path, {**environment, "SLURM_RESTART_COUNT": "1"}, 1) as again:
+        code = again.finish(timeout=300)
+    output = again.output
+    assert code == 0, output[-4000:]
     assert "distrl.sbatch: job 4242, start 2" in output
     assert f"[distrl] resume=auto: continuing {run_dir} from its newest intact checkpoint" in output
     assert "requeue" not in (tmp_path / "scontrol.log").read_text().splitlines()[-1]

@@ -16,11 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from presets import REPO, run_group
+from presets import REPO, Training, run_group
 
 from distrl.run import checkpoint
 
@@ -111,23 +110,11 @@ def test_a_second_start_on_the_run_directory_is_refused_in_one_line_with_exit_2(
 
 
 def test_sigterm_to_torchrun_stops_every_rank_with_143_after_a_checkpoint(tmp_path):
-    proc = subprocess.Popen(_command(tmp_path, "total_frames=1000000000"), cwd=REPO,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        while not any("updates=" in line for line in lines):  # both ranks are training
-            assert proc.poll() is None, "".join(lines)[-3000:]
-            threading.Event().wait(0.2)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-        reader.join(timeout=10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    output = "".join(lines)
+    with Training(_command(tmp_path, "total_frames=1000000000"), cwd=REPO, env=_env()) as job:
+        job.wait_until()  # both ranks are training
+        job.proc.send_signal(signal.SIGTERM)
+        job.finish(timeout=120)
+    output = job.output
     assert _rank_codes(tmp_path) == [143, 143], output[-3000:]
     assert output.count("[distrl] received signal 15: checkpointing and stopping") == 2
     assert checkpoint.list_checkpoints(tmp_path / "runs" / "two" / "checkpoints")
