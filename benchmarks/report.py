@@ -1,19 +1,23 @@
 """Tables and learning curves of a MinAtar or Atari suite, from its run directories alone.
 
-    python benchmarks/report.py results/minatar/suite [--readme-table README.md] [--png curves.png]
-        [--supplement DIR]
+    python benchmarks/report.py results/minatar/suite [--write README.md docs/results.md]
+        [--png curves.png] [--supplement DIR]
     python benchmarks/report.py results/atari/tuning_impala_a [--suite atari] \
-        [--readme-table README.md] [--png pong.png]
+        [--write README.md] [--png pong.png]
 
 The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it
-names none). An Atari suite's report is ``report_atari.py``'s: per game and agent, each
+names none). ``--write FILE...`` (also spelled ``--readme-table``) puts the tables into each
+FILE between their markers, the same block in every file: a MinAtar suite's between
+``<!-- minatar-results:begin -->`` and ``<!-- minatar-results:end -->`` (appended with them
+to a file that lacks them). Every file is checked before any is written. An Atari suite's
+report is ``report_atari.py``'s: per game and agent, each
 seed's frames and run time to a 20-episode mean of 0 and +18, the evaluation return per
 seed and over seeds, frames/s and the command; with a game of the Atari-5 set,
 ``report_atari5.py``'s human-normalised scores, Atari-5 estimates and IQM; its PNG, one
-panel per game and one curve per agent (mean over seeds, min-max band). ``--readme-table``
+panel per game and one curve per agent (mean over seeds, min-max band). ``--write``
 puts Pong's table between ``<!-- atari-results:start -->`` and ``<!-- atari-results:end
 -->`` and the score table between ``<!-- atari5-results:start -->`` and ``<!--
-atari5-results:end -->``, which the file must hold. The rest of this docstring is the
+atari5-results:end -->``, which each file must hold. The rest of this docstring is the
 MinAtar report's.
 
 Per game and agent: the final return (mean training return over each run's last 100
@@ -87,15 +91,16 @@ BEGIN, END = "<!-- minatar-results:begin -->", "<!-- minatar-results:end -->"
 
 def markdown(suite: Suite, reps: int, seed: int, title: str,
              supplements: tuple[tuple[str, Suite], ...] = ()) -> str:
-    """The suite's tables; each of ``supplements`` (name, more seeds run apart) adds
-    :func:`supplement_section` under them."""
+    """The suite's tables under the heading "MinAtar, ``title``" (:func:`budget_title`);
+    each of ``supplements`` (name, more seeds run apart) adds :func:`supplement_section`
+    under them."""
     methods: set[str] = set()
     cells = suite_cells(suite, reps, seed, methods)
     rows = [cell_row(cell) for cell in cells.values()]
     aggregates = [iqm_row(iqm_stats(suite, agent, reps, seed, methods),
                           len(suite.games_of(agent))) for agent in suite.agents]
     lines = [
-        f"### MinAtar: {title}",
+        f"### MinAtar, {title}",
         "",
         f"Final return: each run's mean training return over its last {FINAL_EPISODES} "
         "episodes (as the MinAtar paper plots), averaged over the finished seeds. "
@@ -153,7 +158,7 @@ SEED_LEARNERS = {"seed": "impala", "seed_r2d2": "r2d2"}  # SEED agent -> its lea
 def seed_comparison(cells: dict[tuple[str, str], Cell], reps: int, seed: int) -> str:
     """Per game that a SEED agent ran: its mean final return against its learner's mean and
     95% CI on the same game (the cells of :func:`suite_cells`), whether the SEED mean lies
-    inside that interval (the issue's test), the two-sample bootstrap CI of the gap
+    inside that interval (the suite's test), the two-sample bootstrap CI of the gap
     between the two means (which also counts the SEED agent's own seed spread) and the
     gap's Welch interval (:func:`suite_stats.welch_ci`, which keeps its 5% on few seeds)."""
     games = list(dict.fromkeys(game for _, game in cells))
@@ -236,22 +241,50 @@ def ci_note(methods: set[str], reps: int) -> str:
             "IQM by rliable.metrics.aggregate_iqm.")
 
 
-def write_readme_table(path: Path, table: str, begin: str = BEGIN, end: str = END,
-                       append: bool = True) -> None:
-    """Put ``table`` between the markers ``begin`` and ``end`` in ``path``; where the file
-    lacks them, append it with them, or (``append`` false) refuse with SystemExit."""
-    block = f"{begin}\n{table}{end}\n"
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        tail = rest.split(end, 1)[1].removeprefix("\n")
-        text = head + block + tail
-    elif append:
-        text = text + ("\n" if text and not text.endswith("\n") else "") + block
-    else:
-        raise SystemExit(f"report: --readme-table: '{path}' holds no {begin} ... {end} "
-                         "markers: add them where the table goes")
-    path.write_text(text)
+def budget_title(path: Path, suite: Suite) -> str:
+    """What the suite's table is, for its heading: the frames each run was given (its
+    grid.json's ``frames``, else the most any run reached), else the directory's name."""
+    grid = read_json(path / GRID)
+    budget = grid.get("frames") if isinstance(grid, dict) else None
+    if isinstance(budget, (int, float)) and budget >= 1e6:
+        return f"{budget / 1e6:g}M frames"
+    reached = [run.frames for run in suite.runs.values() if run.frames]
+    return frames(max(reached)) if reached else path.name
+
+
+def with_table(text: str, table: str, begin: str, end: str) -> str | None:
+    """``text`` with ``table`` between the markers ``begin`` and ``end``; None where it
+    lacks them."""
+    if begin not in text or end not in text:
+        return None
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1].removeprefix("\n")
+    return head + f"{begin}\n{table}{end}\n" + tail
+
+
+def write_tables(paths: list[Path], tables: list[tuple[str, str, str]],
+                 append: bool = True) -> None:
+    """Put each of ``tables`` (table, begin marker, end marker) between its markers in
+    every file of ``paths``, so that all of them hold the same blocks. Where a file lacks a
+    pair of markers, append the block with them, or (``append`` false) refuse with
+    SystemExit; every file is checked before any is written."""
+    texts = {}
+    for path in dict.fromkeys(paths):
+        text = path.read_text() if path.exists() else ""
+        for table, begin, end in tables:
+            replaced = with_table(text, table, begin, end)
+            if replaced is not None:
+                text = replaced
+            elif append:
+                text += ("\n" if text and not text.endswith("\n") else "") + (
+                    f"{begin}\n{table}{end}\n")
+            else:
+                raise SystemExit(f"report: --write: '{path}' holds no {begin} ... {end} "
+                                 "markers: add them where the table goes (no file was "
+                                 "written)")
+        texts[path] = text
+    for path, text in texts.items():
+        path.write_text(text)
 
 
 def _collect_or_exit(path: Path) -> Suite:
@@ -290,9 +323,8 @@ def atari_main(args: argparse.Namespace, suite: Suite) -> None:
         tables.append((report_atari5.markdown(suite, args.suite, args.reps, args.seed),
                        report_atari5.BEGIN, report_atari5.END))
     print("\n".join(table for table, _, _ in tables), end="")
-    if args.readme_table:
-        for table, begin, end in tables:
-            write_readme_table(args.readme_table, table, begin, end, append=False)
+    if args.write:
+        write_tables(args.write, tables, append=False)
     if args.png:
         report_atari.plot(suite, args.suite, args.png, levels)
         print(f"\nlearning curves: {args.png}")
@@ -304,10 +336,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--suite", dest="kind", choices=sorted(SUITES),
                         help="minatar or atari (default: the one grid.json names, else "
                              "minatar)")
-    parser.add_argument("--readme-table", type=Path, metavar="FILE",
-                        help=f"also write the tables into FILE between {BEGIN} and {END} "
-                             f"(an Atari suite's between {report_atari.BEGIN} and "
-                             f"{report_atari.END}, which FILE must hold)")
+    parser.add_argument("--write", "--readme-table", dest="write", type=Path, nargs="+",
+                        metavar="FILE", default=[],
+                        help=f"also write the tables into each FILE (README.md "
+                             f"docs/results.md) between {BEGIN} and {END} (an Atari "
+                             f"suite's between {report_atari.BEGIN} and {report_atari.END}, "
+                             "which each FILE must hold)")
     parser.add_argument("--png", type=Path, metavar="FILE", help="learning curves")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
@@ -324,12 +358,13 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.supplement:
         supplements.append((path.name, _collect_or_exit(path)))
     try:
-        table = markdown(suite, args.reps, args.seed, args.suite.name, tuple(supplements))
+        table = markdown(suite, args.reps, args.seed, budget_title(args.suite, suite),
+                         tuple(supplements))
     except ValueError as error:
         raise SystemExit(f"report: --supplement: {error}") from None
     print(table, end="")
-    if args.readme_table:
-        write_readme_table(args.readme_table, table)
+    if args.write:
+        write_tables(args.write, [(table, BEGIN, END)])
     if args.png:
         from report_plot import plot
 

@@ -437,6 +437,34 @@ def test_png_and_readme_table_are_written(tmp_path):
     assert text.startswith("# Results\n\nkept text\n")
     assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
     assert "| Asterix | apex | 2/2 |" in text
+    # no grid.json: the heading names the most frames a run reached
+    assert f"{report.BEGIN}\n### MinAtar, 3.0M frames\n" in text
+
+
+def test_one_command_writes_the_same_block_into_the_readme_and_the_results_page(tmp_path):
+    suite_dir = tmp_path / "suite"
+    for seed in range(2):
+        make_run(suite_dir, "impala", "Breakout", seed, [18.0 + seed] * 100)
+    (suite_dir / suite.GRID).write_text(json.dumps({
+        "agents": ["impala"], "games": ["Breakout"], "seeds": [0, 1], "frames": 5_000_000}))
+    readme, page = tmp_path / "README.md", tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    readme.write_text(f"# distrl\n\n{report.BEGIN}\nold\n{report.END}\nkept\n")
+    page.write_text(f"# Results\n\nabove\n\n{report.BEGIN}\nolder\n{report.END}\n\nbelow\n")
+    report.main([str(suite_dir), "--write", str(readme), str(page), "--reps", "100"])
+    readme_text, page_text = readme.read_text(), page.read_text()
+    block = readme_text.split(report.BEGIN)[1].split(report.END)[0]
+    assert block == page_text.split(report.BEGIN)[1].split(report.END)[0]
+    # the heading says what the table is (the grid's budget), not the folder's name
+    assert block.startswith("\n### MinAtar, 5M frames\n")
+    assert "| Breakout | impala | 2/2 | 18.5 |" in block
+    assert readme_text.startswith("# distrl\n\n") and readme_text.endswith(
+        f"{report.END}\nkept\n")
+    assert page_text.startswith("# Results\n\nabove\n\n") and page_text.endswith(
+        f"{report.END}\n\nbelow\n")
+    # --readme-table is the same option: run again, nothing changes
+    report.main([str(suite_dir), "--readme-table", str(readme), str(page), "--reps", "100"])
+    assert (readme.read_text(), page.read_text()) == (readme_text, page_text)
 
 
 def test_seed_band_is_the_mean_and_a_bootstrap_band_where_two_seeds_have_data():
@@ -1052,6 +1080,11 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
                                          "<!-- atari-results:end --> markers"):
         report.main([str(archive), "--readme-table", str(bare)])
     assert bare.read_text() == "# distrl\n"
+    # with several files, one without the markers: none is written
+    readme.write_text(f"# distrl\n\n{report_atari.BEGIN}\nold\n{report_atari.END}\n")
+    with pytest.raises(SystemExit, match="no file was written"):
+        report.main([str(archive), "--write", str(readme), str(bare)])
+    assert readme.read_text() == f"# distrl\n\n{report_atari.BEGIN}\nold\n{report_atari.END}\n"
     with pytest.raises(SystemExit, match="holds the atari suite's grid"):
         report.main([str(archive), "--suite", "minatar"])
 
