@@ -73,7 +73,7 @@ class SeedConfig:
     # Torch threads of the inference server's thread, which runs beside the learner's own
     # threads in one process; 0 = as many as the learner's. 1: on Pong with 2 cores the two
     # thread teams no longer contend, 1.04-1.16x the frames/s of sharing the learner's 2
-    # (benchmarks/RESULTS.md, 2026-11-25); raise it where inference has cores to spare.
+    # (docs/notes/2026-11-25.md); raise it where inference has cores to spare.
     inference_threads: int = 1
     # Where inference and training run (the learner's own agent.impala/r2d2.device is not
     # used): auto = the GPU when there is one, cpu, cuda or cuda:N.

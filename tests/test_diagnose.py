@@ -133,7 +133,8 @@ def test_balanced_and_cpu_bound():
 def test_a_learner_bound_run_keeps_its_learner_threads():
     # Pong APPO as run on 2 cores: the learner steps 99% of the time on 2 threads, one
     # actor of 1 thread waits half its time for slots; 3 threads on 2 cores, but taking
-    # the learner's second thread slows the side that bounds the run (1.03x, RESULTS.md)
+    # the learner's second thread slows the side that bounds the run (1.03x,
+    # docs/notes/2026-11-25.md)
     pong = Figures(
         span_s=10.0, actor_frames=24_000, learned_frames=24_000, updates=150, env_s=1.9,
         forward_s=2.8, actor_copy_s=0.4, actor_wait_s=5.0, step_s=9.9, learner_copy_s=0.0,

@@ -2,7 +2,7 @@
 
 A CPU learner runs one intra-op thread: on MinAtar-sized networks a second one made R2D2's
 and Ape-X's runs slower, because the actors need that core too and small ops gain less
-from it than its synchronisation costs (benchmarks/RESULTS.md). Yet the actors of a
+from it than its synchronisation costs (docs/notes/2026-11-26.md). Yet the actors of a
 learner-bound run leave part of the second core idle. The target network's forward pass
 (Ape-X's ``q_target(s_{t+n})``, R2D2's unroll over the whole sequence) does not depend on
 the online network's, so the learner step (:class:`distrl.training.learner.Learner`, with

@@ -5,7 +5,7 @@ batch of 32 x 21 frames becomes a 77 MB float tensor, and each 17 MB activation 
 gradient of the same size. glibc hands out blocks above its mmap threshold (32 MiB at most)
 as fresh mappings and gives freed memory at the top of its heap back to the system, so
 every update touches new pages and takes a page fault for each 4 KiB of them. On one core
-that was about a fifth of a Pong IMPALA update (benchmarks/RESULTS.md).
+that was about a fifth of a Pong IMPALA update (docs/notes/2026-11-26.md).
 
 :func:`keep_freed_memory` turns both off (``M_MMAP_MAX`` 0: every block comes from the heap;
 ``M_TRIM_THRESHOLD`` 2 GiB: freed memory stays there), so an update reuses the previous

@@ -260,7 +260,7 @@ def _oversubscription(fig: Figures, ctx: RunContext, bound: str) -> list[str]:
     """Threads beyond the cores: the run's torch threads compete with each other. A
     learner-bound run keeps its learner threads: they speed up the side that bounds it
     (Pong APPO on 2 cores, learner 2 threads + 1 actor thread: 1.03x the frames/s of
-    learner_threads=1, benchmarks/RESULTS.md)."""
+    learner_threads=1, docs/notes/2026-11-25.md)."""
     actors = ctx.actors if not ctx.seed else 0  # env workers run no torch
     threads = fig.learner_threads + actors * ctx.actor_threads
     if threads <= fig.cores:

@@ -21,7 +21,7 @@ thread than with the two the model without that rule chose.)
 takes a core from the actors, and a learner whose OpenMP threads wait on each other
 collapses when anything else takes a core (APPO on Pong, 2 cores, 2 learner threads
 predicted 1.07x one thread's frames/s; beside a second run it made 315 frames/s, and 2,240
-on one thread: benchmarks/RESULTS.md),
+on one thread: docs/notes/2026-11-28.md),
 then as many actor processes as the actors' share ``fps * (env_s + forward_s)`` of cores
 needs, each counted as the cores one actor keeps busy (:func:`cores_per_actor`: its two
 env groups overlap ale-py's stepping with the forward pass, so between one and two).
@@ -36,7 +36,7 @@ settings that say ``auto`` and logs the choice with its figures.
 
 Only pixel games (Atari) are measured: there the split decides the run's speed (Pong
 IMPALA on 2 cores: 1 actor of 64 envs and 1 learner thread ran 1.14x the hand-set 2 actors
-of 32 and 2 threads, benchmarks/RESULTS.md). For vectors and MinAtar's grids ``auto``
+of 32 and 2 threads, docs/notes/2026-11-24.md). For vectors and MinAtar's grids ``auto``
 keeps the hand-set values below (their presets set their own), and under torchrun, where
 every rank must choose alike, the reference costs below stand in for a measurement.
 """
@@ -67,8 +67,8 @@ FIXED = {"actors": 2, "envs_per_actor": 32, "env_groups": 2}
 # forward pass, and no larger (batch 16 -> 32 halves the per-frame cost of a Pong
 # forward on one core; 64 saves little more and doubles the policy lag of an unroll).
 ATARI_ENVS_PER_GROUP = 32
-# Pong IMPALA's costs per env frame on this project's 2-core machine (benchmarks/
-# RESULTS.md, issue 22): used under torchrun, where ranks must agree without measuring.
+# Pong IMPALA's costs per env frame on this project's 2-core machine (docs/notes/
+# 2026-11-24.md): used under torchrun, where ranks must agree without measuring.
 REFERENCE_ENV_S = 83e-6
 REFERENCE_FORWARD_S = 25e-6
 REFERENCE_LEARN_S = {1: 86e-6, 2: 53e-6}
@@ -144,7 +144,7 @@ def cores_per_actor(costs: Costs, central_inference: bool) -> float:
     ``(env_s + forward_s) / max(env_s, forward_s)``, between 1 and 2. SEED's env workers
     only step envs (the learner runs the forward passes): 1.
 
-    The first GPU check (H100, 16 cores, benchmarks/RESULTS.md) measured env 141 us and
+    The first GPU check (H100, 16 cores, docs/notes/2026-11-27.md) measured env 141 us and
     forward 23 us: 1.16 by this rule, and 8 actors kept 8.4 cores busy; the flat 2 used
     before gave 8 actors for 16 cores and left half of them idle.
     """
