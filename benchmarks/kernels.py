@@ -9,7 +9,7 @@ of its per-repeat median. Ratios are
 taken between those figures. Sum-tree calls cycle through 1,000 pre-drawn random
 batches, so the tree is not cache-hot from reusing one batch.
 
-Cases (the targets of issue 3 in brackets):
+Cases (their targets in brackets):
 - sum tree, capacity 2^20, batch 512, float32: sample and update with the compiled op,
   the public ``SumTree`` methods (random draws and checks included), distrl's torch
   reference path, a vectorised numpy sum tree (sum only, and sum + min as ours), and

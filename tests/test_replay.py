@@ -121,7 +121,7 @@ def test_vector_observations_have_no_stack_dimension():
 
 
 def test_atari_bytes_per_transition():
-    """Issue 4's memory target: <= 1.2 x 84 x 84 bytes per stored Atari transition (the
+    """Ape-X's memory target: <= 1.2 x 84 x 84 bytes per stored Atari transition (the
     allocation is lazy, so a 1M-transition storage costs nothing until written)."""
     capacity = 1_000_000
     storage = TransitionStorage(capacity, (84, 84), torch.uint8, frame_stack=4)

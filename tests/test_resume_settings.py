@@ -1,4 +1,4 @@
-"""Resume keeps the run (issue 21, point 2): the checkpoint's settings are the run's, a
+"""Resume keeps the run: the checkpoint's settings are the run's, a
 differing command-line value is refused by name unless ``resume_overrides`` names it, a
 named change is applied for real (the lr schedule and the optimizer follow it) and logged.
 
