@@ -52,7 +52,8 @@ frames, raw return and wall time in ``episodes.csv`` beside its ``summary.json``
 --csv``'s file; a few thousand episodes on Pong). The exit code is 1 when a run failed, and
 the last line lists the failed runs.
 
-``--archive DIR`` (the README's suite uses ``results/minatar/suite``, which is committed)
+``--archive DIR`` (the MinAtar suite of docs/results.md uses ``results/minatar/suite``, which is
+committed)
 keeps a copy of each ended run's ``summary.json`` (with its learning curve, the trailing
 100-episode mean at 500 points), its ``episodes.csv`` where it has one, and ``grid.json``
 under ``DIR/<run>/``: enough for ``report.py DIR`` to rebuild the table and the curves without
