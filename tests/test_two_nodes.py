@@ -97,19 +97,23 @@ class Node:
             self.proc.wait()
 
 
+def _run_to_end(nodes: list[Node], timeout: float = 300) -> tuple[list[int], str]:
+    """Both nodes' exit codes and output once they end; whatever is left is killed."""
+    try:
+        codes = [node.wait(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    return codes, "".join(node.output() for node in nodes)
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", ["two_learners", "learner_and_actor_rank"])
 def test_two_nodes_on_loopback_train_and_both_exit_0(tmp_path, case):
     port = _free_port()
     extra = ("total_frames=25600",) + (("distributed.learner_ranks=1",)
                                         if case == "learner_and_actor_rank" else ())
-    nodes = _start_nodes(port, tmp_path, *extra)
-    try:
-        codes = [node.wait(timeout=300) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    output = nodes[0].output() + nodes[1].output()
+    codes, output = _run_to_end(_start_nodes(port, tmp_path, *extra))
     assert codes == [0, 0], output[-4000:]
     final = checkpoint.load(checkpoint.list_checkpoints(tmp_path / "runs" / "job"
                                                         / "checkpoints")[-1])
@@ -148,13 +152,8 @@ def test_a_lost_node_ends_the_job_and_the_job_started_again_continues_the_run(tm
     before = checkpoint.load(checkpoint.list_checkpoints(checkpoints)[-1])
     assert 0 < before["frames_all_ranks"] < 64000
 
-    again = _start_nodes(_free_port(), tmp_path, *overrides, max_restarts=0)
-    try:
-        codes = [node.wait(timeout=300) for node in again]
-    finally:
-        for node in again:
-            node.kill()
-    output = again[0].output() + again[1].output()
+    codes, output = _run_to_end(_start_nodes(_free_port(), tmp_path, *overrides,
+                                             max_restarts=0))
     assert codes == [0, 0], output[-4000:]
     assert (f"[distrl] resume=auto: continuing {checkpoints.parent} from its newest intact "
             "checkpoint") in output
