@@ -59,7 +59,10 @@ keeps a copy of each ended run's ``summary.json`` (with its learning curve, the 
 under ``DIR/<run>/``: enough for ``report.py DIR`` to rebuild the table and the curves without
 the run directories, whose checkpoints and event files are too large to commit. A run the
 archive holds as finished is skipped too, so a grid continues on a fresh checkout where
-``--out`` is empty.
+``--out`` is empty. A run that stopped or failed is carried there as well (``carry.py``:
+its newest checkpoint, event files and attempt records, compressed, in
+``DIR/<run>/carry/``), and a run whose directory has no checkpoint is put back from its
+carry and resumed, so a run also continues on another machine from where it stopped.
 
 This file starts, watches and stops the runs; ``grid_plan.py`` says what the grid holds
 (each run's settings, command and state, ``grid.json``), ``attempt_record.py`` builds an
@@ -85,6 +88,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import carry  # noqa: E402
 from attempt_record import read_episodes, summarise, write_episodes  # noqa: E402
 from grid_plan import (  # noqa: E402
     Run,
@@ -222,15 +226,27 @@ class Grid:
             print(f"[reproduce] skip {run.name}: a run.py is running in it ({holder}); "
                   "invoke again once it has stopped", flush=True)
             return
+        if state == "fresh" and event_files(run.run_dir):  # no checkpoint: its curve starts again
+            discarded = run.run_dir / "discarded" / f"attempt-{next_attempt(run.run_dir)}"
+            discarded.mkdir(parents=True, exist_ok=True)
+            for path in event_files(run.run_dir):
+                path.rename(discarded / path.name)
+        if state == "fresh" and self.args.archive is not None:
+            try:
+                restored = carry.restore(self.args.archive / run.name, run.run_dir)
+            except carry.CarryError as error:  # never start afresh over a run carried here
+                lock.close()
+                self.records.append({"run": run.name, "status": "failed", "exit_code": 2})
+                print(f"[reproduce] failed {run.name}: its carry cannot be restored: {error}",
+                      flush=True)
+                return
+            if restored is not None:
+                print(f"[reproduce] {run.name}: {restored}", flush=True)
+                state = "resume"
         attempt = next_attempt(run.run_dir)
         resumed = state == "resume"
         # A new attempt: a failed one's summary.json stays in summary.jsonl and attempts.jsonl.
         (run.run_dir / SUMMARY).unlink(missing_ok=True)
-        if not resumed and event_files(run.run_dir):  # no checkpoint: its curve starts again
-            discarded = run.run_dir / "discarded" / f"attempt-{attempt}"
-            discarded.mkdir(parents=True, exist_ok=True)
-            for path in event_files(run.run_dir):
-                path.rename(discarded / path.name)
         command = command_for(run, self.args.run_cmd, self.args.frames, self.args.set, resumed,
                               attempt)
         with open(run.run_dir / STDOUT, "ab") as log:
@@ -299,6 +315,14 @@ class Grid:
                 if run.suite.keeps_episodes and episodes is not None:
                     write_episodes(directory / EPISODES, episodes)
                 write_atomic(directory / SUMMARY, json.dumps(record, indent=1) + "\n")
+        if self.args.archive is not None:  # what another machine needs to continue it
+            archived = self.args.archive / run.name
+            if status == "finished":
+                if carry.discard(archived):
+                    print(f"[reproduce] {run.name}: finished, its carry deleted", flush=True)
+            else:
+                print(f"[reproduce] {run.name}: "
+                      f"{carry.save(run.run_dir, archived, record['frames'])}", flush=True)
         child.lock.close()
         self.records.append(record)
         final = record["final_return_100"]
@@ -352,10 +376,15 @@ def dry_run(runs: list[Run], args: argparse.Namespace) -> None:
             print(f"# skip {run.name}: a run.py is running in it ({holder}); invoke again "
                   "once it has stopped")
             continue
-        attempt = next_attempt(run.run_dir)
-        print(f"# {run.name}: {state}")
-        print(shlex.join(command_for(run, args.run_cmd, args.frames, args.set,
-                                     state == "resume", attempt)))
+        attempt, resumed, note = next_attempt(run.run_dir), state == "resume", state
+        carried = (carry.carried_attempts(args.archive / run.name)
+                   if state == "fresh" and args.archive is not None else None)
+        if carried is not None:
+            attempt, resumed = max(attempt, carried + 1), True
+            note = f"resume, once {args.archive / run.name / carry.CARRY} is restored"
+        print(f"# {run.name}: {note}")
+        print(shlex.join(command_for(run, args.run_cmd, args.frames, args.set, resumed,
+                                     attempt)))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1101,3 +1101,86 @@ def test_a_finished_seeds_curve_holds_its_last_value_and_an_unfinished_one_stops
     curves = report_atari.seed_curves([run("finished", 100, 1.0), run("unfinished", 50, 3.0)],
                                       np.array([1000, 2000, 3000]))
     np.testing.assert_array_equal(curves, [[np.nan, 1.0, 1.0], [3.0, np.nan, np.nan]])
+
+
+# ------------------------------------------------- carrying a stopped run to another machine
+
+def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machine(
+        tmp_path, monkeypatch, capsys):
+    """A run stopped on one machine continues on another that has only the archive: its
+    checkpoint and events come back from the carry, one curve across the attempts, and the
+    carry is deleted once the run finishes."""
+    import carry
+
+    archive = tmp_path / "archive"
+    monkeypatch.setenv("FAKE_STEP_S", "0.5")  # stopped at 4.8 s of a 10 s run
+    first = tmp_path / "machine-a"
+    assert reproduce.main(grid_args(first, "--stop-after", "0.08", "--archive", str(archive),
+                                    agents=("impala",), seeds=("0",))) == 0
+    name = "impala-Breakout-s0"
+    manifest = json.loads((archive / name / carry.CARRY / carry.MANIFEST).read_text())
+    checkpoint = first / name / manifest["checkpoint"]
+    assert manifest["files"][manifest["checkpoint"]]["bytes"] == checkpoint.stat().st_size
+    assert len(manifest["files"]) == 1 + len(suite.event_files(first / name))
+    stopped_at = int(checkpoint.read_text())
+    assert 0 < stopped_at < 1000
+    capsys.readouterr()
+
+    second = tmp_path / "machine-b"  # a fresh checkout: no run directory at all
+    reproduce.dry_run(reproduce.plan(second, ["impala"], ["Breakout"], [0],
+                                     suite.SUITES["minatar"]),
+                      reproduce.parse_args(grid_args(second, "--archive", str(archive),
+                                                     agents=("impala",), seeds=("0",))))
+    planned = capsys.readouterr().out
+    assert f"resume, once {archive / name / carry.CARRY} is restored" in planned
+    assert f"resume={second / name}" in planned
+    monkeypatch.setenv("FAKE_STEP_S", "0")
+    assert reproduce.main(grid_args(second, "--archive", str(archive), agents=("impala",),
+                                    seeds=("0",))) == 0
+    printed = capsys.readouterr().out
+    assert f"restored checkpoints/{checkpoint.name}" in printed
+    run = invocations(second / name)[-2]
+    assert run["argv"][-1] == f"resume={second / name}"
+    summary = json.loads((archive / name / suite.SUMMARY).read_text())
+    assert (summary["status"], summary["attempt"], summary["frames"]) == ("finished", 2, 1000)
+    assert summary["episodes"] == 40  # machine A's steps and machine B's, each once
+    assert summary["wall_s_total"] > summary["wall_s"]  # machine A's attempt counts
+    assert not (archive / name / carry.CARRY).exists()
+    assert f"{name}: finished, its carry deleted" in printed
+
+
+def test_a_damaged_carry_fails_the_run_and_loses_nothing(tmp_path, monkeypatch, capsys):
+    import lzma
+
+    import carry
+
+    archive = tmp_path / "archive"
+    monkeypatch.setenv("FAKE_STEP_S", "0.5")
+    assert reproduce.main(grid_args(tmp_path / "a", "--stop-after", "0.08", "--archive",
+                                    str(archive), agents=("impala",), seeds=("0",))) == 0
+    kept = archive / "impala-Breakout-s0" / carry.CARRY
+    packed = next(kept.glob("checkpoint-*.pt.xz"))
+    packed.write_bytes(lzma.compress(b"another checkpoint"))
+    before = {p.name: p.read_bytes() for p in kept.iterdir()}
+    capsys.readouterr()
+    fresh = tmp_path / "b"
+    assert reproduce.main(grid_args(fresh, "--archive", str(archive), agents=("impala",),
+                                    seeds=("0",))) == 1
+    printed = capsys.readouterr().out
+    assert "failed impala-Breakout-s0: its carry cannot be restored" in printed
+    assert f"{packed}: 18 bytes with sha256" in printed
+    assert not (fresh / "impala-Breakout-s0" / "invocations.jsonl").exists()  # never started
+    assert not list((fresh / "impala-Breakout-s0").rglob("*.pt"))
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+
+
+def test_a_checkpoint_over_the_limit_is_not_carried(tmp_path, monkeypatch, capsys):
+    import carry
+
+    monkeypatch.setattr(carry, "LIMIT_BYTES", 1)  # the fake checkpoints hold a few bytes
+    monkeypatch.setenv("FAKE_STEP_S", "0.5")
+    archive = tmp_path / "archive"
+    assert reproduce.main(grid_args(tmp_path / "a", "--stop-after", "0.08", "--archive",
+                                    str(archive), agents=("impala",), seeds=("0",))) == 0
+    assert "(over 0 MiB, a replay inside?); it resumes only from" in capsys.readouterr().out
+    assert not (archive / "impala-Breakout-s0" / carry.CARRY).exists()

@@ -1,0 +1,169 @@
+"""Carry a stopped run to another machine through the archive: its newest checkpoint and its
+event files, xz-compressed into ``<archive>/<run>/carry/``, and back into an empty run
+directory there.
+
+A long Atari run outlives the machine it started on (a session, an allocation), and its run
+directory is too large to commit. What a resume needs is much smaller: the newest
+checkpoint (weights, optimizer state, counters, random streams; no replay, which
+``checkpoint.replay`` keeps out of the checkpoint file), the event files that hold its curve
+so far, and its attempt records. ``reproduce.py --archive`` writes them here each time a run
+stops and, on a machine whose run directory has no checkpoint, puts them back before it
+resumes the run, so the run continues from where it stopped, as on the machine that ran it.
+A finished run's carry is deleted (its ``summary.json`` and ``episodes.csv`` are what the
+archive keeps).
+
+``carry.json`` names each file with the sha256 and size of its uncompressed bytes; a restore
+that does not match them is refused, and the run directory is left as it was. A checkpoint
+over ``LIMIT_BYTES`` (a replay buffer saved with ``checkpoint.replay=true`` makes GBs) is not
+carried: that run resumes only where its run directory is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from suite import ATTEMPTS, event_files
+
+CARRY = "carry"
+MANIFEST = "carry.json"
+LIMIT_BYTES = 256 << 20
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.run.checkpoint's names
+_PRESET = 6  # xz's default level: 8 MB of IMPALA checkpoint in ~3 s, to ~60% of its size
+_CHUNK = 1 << 20
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    directory = run_dir / "checkpoints"
+    if not directory.is_dir():
+        return None
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return max(found)[1] if found else None
+
+
+def _compress(source: Path, target: Path) -> dict[str, Any]:
+    digest, size = hashlib.sha256(), 0
+    with open(source, "rb") as raw, lzma.open(target, "wb", preset=_PRESET) as packed:
+        while chunk := raw.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            packed.write(chunk)
+    return {"sha256": digest.hexdigest(), "bytes": size, "stored_bytes": target.stat().st_size}
+
+
+def _decompress(source: Path, target: Path, expected: dict[str, Any]) -> None:
+    digest, size = hashlib.sha256(), 0
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        with lzma.open(source, "rb") as packed, open(tmp, "wb") as raw:
+            while chunk := packed.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                raw.write(chunk)
+    except (lzma.LZMAError, EOFError) as error:
+        tmp.unlink(missing_ok=True)
+        raise CarryError(f"{source}: not a whole xz file ({error})") from error
+    if (digest.hexdigest(), size) != (expected["sha256"], expected["bytes"]):
+        tmp.unlink()
+        raise CarryError(f"{source}: {size} bytes with sha256 {digest.hexdigest()[:12]}..., "
+                         f"where {MANIFEST} says {expected['bytes']} bytes, "
+                         f"{expected['sha256'][:12]}...")
+    os.replace(tmp, target)
+
+
+class CarryError(RuntimeError):
+    """A carry that cannot be restored (damaged or incomplete)."""
+
+
+def save(run_dir: Path, archive_run: Path, frames: int | None) -> str:
+    """Write ``run_dir``'s newest checkpoint, event files and attempt records to
+    ``archive_run/carry/`` (replacing the carry there only once the new one is whole);
+    returns a line saying what was carried, or why nothing was."""
+    checkpoint = newest_checkpoint(run_dir)
+    if checkpoint is None:
+        return "nothing to carry: no checkpoint"
+    if checkpoint.stat().st_size > LIMIT_BYTES:
+        return (f"not carried: {checkpoint.name} is {checkpoint.stat().st_size / 2**20:.0f} "
+                f"MiB (over {LIMIT_BYTES >> 20} MiB, a replay inside?); it resumes only "
+                f"from {run_dir}")
+    archive_run.mkdir(parents=True, exist_ok=True)
+    tmp = archive_run / f".{CARRY}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    files = {f"checkpoints/{checkpoint.name}": _compress(checkpoint, tmp / f"{checkpoint.name}.xz")}
+    for events in event_files(run_dir):
+        files[events.name] = _compress(events, tmp / f"{events.name}.xz")
+    if (run_dir / ATTEMPTS).exists():
+        shutil.copyfile(run_dir / ATTEMPTS, tmp / ATTEMPTS)
+    manifest = {"checkpoint": f"checkpoints/{checkpoint.name}", "frames": frames,
+                "saved": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    final = archive_run / CARRY
+    old = archive_run / f".{CARRY}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    stored = sum(f["stored_bytes"] for f in files.values())
+    return f"carried to {final} ({len(files)} files, {stored / 2**20:.1f} MiB)"
+
+
+def restore(archive_run: Path, run_dir: Path) -> str | None:
+    """Put ``archive_run``'s carry into ``run_dir``, which must hold no checkpoint; returns a
+    line saying what was restored, None when there is no carry. Raises CarryError (run_dir
+    unchanged but for temporary files removed) when a file does not match the manifest."""
+    carry = archive_run / CARRY
+    try:
+        manifest = json.loads((carry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if newest_checkpoint(run_dir) is not None:
+        raise CarryError(f"{run_dir} already holds checkpoints; its carry is not restored")
+    staging = run_dir / f".{CARRY}.restore"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for name, expected in manifest["files"].items():
+            source = carry / f"{Path(name).name}.xz"
+            if not source.exists():
+                raise CarryError(f"{source} is missing (named in {carry / MANIFEST})")
+            _decompress(source, staging / Path(name).name, expected)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    for name in manifest["files"]:
+        os.replace(staging / Path(name).name, run_dir / name)
+    staging.rmdir()
+    if (carry / ATTEMPTS).exists():  # the carried attempts first, then any made here
+        here = (run_dir / ATTEMPTS).read_text() if (run_dir / ATTEMPTS).exists() else ""
+        (run_dir / ATTEMPTS).write_text((carry / ATTEMPTS).read_text() + here)
+    return (f"restored {manifest['checkpoint']} ({manifest.get('frames') or '?'} frames, "
+            f"carried {manifest.get('saved')}) and {len(manifest['files']) - 1} event "
+            f"file(s) from {carry}")
+
+
+def carried_attempts(archive_run: Path) -> int | None:
+    """How many attempts the carry in ``archive_run`` records; None when it has no carry."""
+    carry = archive_run / CARRY
+    if not (carry / MANIFEST).exists():
+        return None
+    records = carry / ATTEMPTS
+    return len(records.read_text().splitlines()) if records.exists() else 0
+
+
+def discard(archive_run: Path) -> bool:
+    """Delete a finished run's carry; whether there was one."""
+    carry = archive_run / CARRY
+    if not carry.exists():
+        return False
+    shutil.rmtree(carry)
+    return True
