@@ -10,7 +10,8 @@ so far, and its attempt records. ``reproduce.py --archive`` writes them here eac
 stops and, on a machine whose run directory has no checkpoint, puts them back before it
 resumes the run, so the run continues from where it stopped, as on the machine that ran it.
 A finished run's carry is deleted (its ``summary.json`` and ``episodes.csv`` are what the
-archive keeps).
+archive keeps); until then the carry's own ``episodes.csv`` is the run's curve so far, which
+``report.py`` shows as an unfinished run's.
 
 ``carry.json`` names each file with the sha256 and size of its uncompressed bytes; a restore
 that does not match them is refused, and the run directory is left as it was. A checkpoint
@@ -30,10 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from suite import ATTEMPTS, event_files
+from attempt_record import write_episodes
+from curve import Episodes
+from suite import ATTEMPTS, CARRY, EPISODES, event_files
+from suite import CARRY_MANIFEST as MANIFEST
 
-CARRY = "carry"
-MANIFEST = "carry.json"
 LIMIT_BYTES = 256 << 20
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.run.checkpoint's names
 _PRESET = 6  # xz's default level: 8 MB of IMPALA checkpoint in ~3 s, to ~60% of its size
@@ -82,10 +84,12 @@ class CarryError(RuntimeError):
     """A carry that cannot be restored (damaged or incomplete)."""
 
 
-def save(run_dir: Path, archive_run: Path, frames: int | None) -> str:
+def save(run_dir: Path, archive_run: Path, frames: int | None,
+         episodes: Episodes | None = None) -> str:
     """Write ``run_dir``'s newest checkpoint, event files and attempt records to
-    ``archive_run/carry/`` (replacing the carry there only once the new one is whole);
-    returns a line saying what was carried, or why nothing was."""
+    ``archive_run/carry/`` (replacing the carry there only once the new one is whole), and
+    ``episodes`` as ``episodes.csv`` (read without decompressing: the report's curve of a
+    run in progress); returns a line saying what was carried, or why nothing was."""
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is None:
         return "nothing to carry: no checkpoint"
@@ -102,6 +106,8 @@ def save(run_dir: Path, archive_run: Path, frames: int | None) -> str:
         files[events.name] = _compress(events, tmp / f"{events.name}.xz")
     if (run_dir / ATTEMPTS).exists():
         shutil.copyfile(run_dir / ATTEMPTS, tmp / ATTEMPTS)
+    if episodes is not None:
+        write_episodes(tmp / EPISODES, episodes)
     manifest = {"checkpoint": f"checkpoints/{checkpoint.name}", "frames": frames,
                 "saved": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

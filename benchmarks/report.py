@@ -2,8 +2,8 @@
 
     python benchmarks/report.py results/minatar/suite [--write README.md docs/results.md]
         [--png curves.png] [--supplement DIR]
-    python benchmarks/report.py results/atari/tuning_impala_a [--suite atari] \
-        [--write README.md] [--png pong.png]
+    python benchmarks/report.py results/atari/pong_appo results/atari/pong_impala ... \
+        [--suite atari] [--write README.md] [--png pong.png]
 
 The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it
 names none). ``--write FILE...`` (also spelled ``--readme-table``) puts the tables into each
@@ -17,8 +17,9 @@ seed and over seeds, frames/s and the command; with a game of the Atari-5 set,
 panel per game and one curve per agent (mean over seeds, min-max band). ``--write``
 puts Pong's table between ``<!-- atari-results:start -->`` and ``<!-- atari-results:end
 -->`` and the score table between ``<!-- atari5-results:start -->`` and ``<!--
-atari5-results:end -->``, which each file must hold. The rest of this docstring is the
-MinAtar report's.
+atari5-results:end -->``, which each file must hold. An Atari report may read several
+directories (each agent's grid, say): one table and one PNG, an agent's seeds pooled over
+them, a seed two of them hold refused. The rest of this docstring is the MinAtar report's.
 
 Per game and agent: the final return (mean training return over each run's last 100
 episodes, as the MinAtar paper plots) averaged over the finished seeds, its 95% stratified
@@ -307,32 +308,38 @@ def suite_name(path: Path, asked: str | None) -> str:
     return asked or recorded or DEFAULT_SUITE
 
 
-def atari_main(args: argparse.Namespace, suite: Suite) -> None:
-    """An Atari suite's tables (and README blocks, PNG): Pong's reach table
-    (:mod:`report_atari`) when the suite has Pong, the human-normalised score table
-    (:mod:`report_atari5`) when it has an Atari-5 game; each goes between its own markers."""
+def atari_main(args: argparse.Namespace, sources: list[tuple[Suite, Path]]) -> None:
+    """An Atari suite's tables (and README blocks, PNG) from one or more directories: Pong's
+    reach table (:mod:`report_atari`) when one has Pong, the human-normalised score table
+    (:mod:`report_atari5`) of each that has an Atari-5 game; each between its own markers."""
     if args.supplement:
-        raise SystemExit("report: --supplement pools MinAtar seeds; an Atari suite's "
-                         "directory holds all its seeds")
+        raise SystemExit("report: --supplement pools MinAtar seeds; give an Atari suite's "
+                         "directories one after another instead")
     levels = list(ATARI.reach)
     tables = []
-    if "Pong" in suite.games or not report_atari5.has_scores(suite):
-        tables.append((report_atari.markdown(suite, args.suite, args.suite.name, levels),
-                       report_atari.BEGIN, report_atari.END))
-    if report_atari5.has_scores(suite):
-        tables.append((report_atari5.markdown(suite, args.suite, args.reps, args.seed),
+    scored = [(suite, path) for suite, path in sources if report_atari5.has_scores(suite)]
+    if any("Pong" in suite.games for suite, _ in sources) or not scored:
+        title = ", ".join(path.name for _, path in sources)
+        try:
+            table = report_atari.markdown(sources, title, levels)
+        except ValueError as error:
+            raise SystemExit(f"report: {error}") from None
+        tables.append((table, report_atari.BEGIN, report_atari.END))
+    for suite, path in scored:
+        tables.append((report_atari5.markdown(suite, path, args.reps, args.seed),
                        report_atari5.BEGIN, report_atari5.END))
     print("\n".join(table for table, _, _ in tables), end="")
     if args.write:
         write_tables(args.write, tables, append=False)
     if args.png:
-        report_atari.plot(suite, args.suite, args.png, levels)
+        report_atari.plot(sources, args.png, levels)
         print(f"\nlearning curves: {args.png}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("suite", type=Path, help="directory of run directories")
+    parser.add_argument("suite", type=Path, nargs="+",
+                        help="directory of run directories (an Atari suite: one or more)")
     parser.add_argument("--suite", dest="kind", choices=sorted(SUITES),
                         help="minatar or atari (default: the one grid.json names, else "
                              "minatar)")
@@ -349,11 +356,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="more seeds of the same presets, run apart: a table of the "
                              "cells they ran over both seed sets (repeatable)")
     args = parser.parse_args(argv)
-    kind = suite_name(args.suite, args.kind)
-    suite = _collect_or_exit(args.suite)
-    if kind == ATARI.name:
-        atari_main(args, suite)
+    kinds = {suite_name(path, args.kind) for path in args.suite}
+    if len(kinds) > 1:
+        raise SystemExit(f"report: the directories hold grids of several suites "
+                         f"({', '.join(sorted(kinds))}); give one suite's")
+    if kinds == {ATARI.name}:
+        atari_main(args, [(_collect_or_exit(path), path) for path in args.suite])
         return
+    if len(args.suite) > 1:
+        raise SystemExit("report: a MinAtar report reads one directory; more seeds of its "
+                         "presets go with --supplement DIR")
+    args.suite = args.suite[0]
+    suite = _collect_or_exit(args.suite)
     supplements = []
     for path in args.supplement:
         supplements.append((path.name, _collect_or_exit(path)))

@@ -22,7 +22,7 @@ from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, run_time
 from grid_plan import Run, run_overrides
 from report_cells import seeds_text
 from report_throughput import duration
-from suite import ATARI, EPISODES, GRID, SUMMARY, SuiteSpec, curve_at, read_json, run_name
+from suite import ATARI, CARRY, EPISODES, GRID, SUMMARY, SuiteSpec, curve_at, read_json, run_name
 from suite_runs import RunResult, Suite, frames
 
 BEGIN, END = "<!-- atari-results:start -->", "<!-- atari-results:end -->"
@@ -51,12 +51,15 @@ class AtariRun:
 
 
 def episodes_of(run_dir: Path) -> Episodes | None:
-    """The run's episodes: its event files', else its ``episodes.csv``'s, else None."""
+    """The run's episodes: its event files', else its ``episodes.csv``'s, else (an archived
+    run still going on another machine) its carry's, else None."""
     from_events = read_episodes(run_dir)
     if from_events is not None:
         return from_events
-    kept = run_dir / EPISODES
-    return episode_table(kept) if kept.is_file() else None
+    for kept in (run_dir / EPISODES, run_dir / CARRY / EPISODES):
+        if kept.is_file():
+            return episode_table(kept)
+    return None
 
 
 def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> AtariRun:
@@ -80,6 +83,28 @@ def atari_runs(suite: Suite, suite_dir: Path, levels: list[float]
     return {(agent, game): [read_atari_run(r, suite_dir / run_name(agent, game, r.seed), levels)
                             for r in suite.cell(agent, game)]
             for game in suite.games for agent in suite.agents if suite.is_planned(agent, game)}
+
+
+Sources = list[tuple[Suite, Path]]  # each archive (or --out) directory read, with its path
+
+
+def merged_runs(sources: Sources, levels: list[float]
+                ) -> dict[tuple[str, str], list[tuple[AtariRun, Path]]]:
+    """Every (agent, game) cell of every source, its runs pooled over the sources (e.g. an
+    agent's seeds run in two grids), each with the directory it came from; a seed that two
+    sources both hold is refused, as it would count twice."""
+    cells: dict[tuple[str, str], dict[int, tuple[AtariRun, Path]]] = {}
+    for suite, suite_dir in sources:
+        for key, runs in atari_runs(suite, suite_dir, levels).items():
+            pooled = cells.setdefault(key, {})
+            for run in runs:
+                held = pooled.get(run.result.seed)
+                if held is None or held[0].result.status == "missing":
+                    pooled[run.result.seed] = (run, suite_dir)
+                elif run.result.status != "missing":
+                    raise ValueError(f"seed {run.result.seed} of {key[0]} on {key[1]} is in "
+                                     f"both {held[1]} and {suite_dir}")
+    return {key: [pooled[seed] for seed in sorted(pooled)] for key, pooled in cells.items()}
 
 
 def level_text(level: float) -> str:
@@ -135,10 +160,9 @@ def command_text(spec: SuiteSpec, agent: str, game: str, grid: dict) -> str | No
     return f"`{' '.join(words)}`"
 
 
-def markdown(suite: Suite, suite_dir: Path, title: str, levels: list[float],
-             spec: SuiteSpec = ATARI) -> str:
-    """The suite's table, one row per game and agent, and what its columns mean."""
-    grid = read_json(suite_dir / GRID) or {}
+def markdown(sources: Sources, title: str, levels: list[float], spec: SuiteSpec = ATARI) -> str:
+    """The table of one or more directories of the suite, one row per game and agent
+    (seeds pooled over the directories), and what its columns mean."""
     heads = " | ".join(f"to {level_text(level)}: frames, run time" for level in levels)
     lines = [
         f"### Atari: {title}",
@@ -155,16 +179,20 @@ def markdown(suite: Suite, suite_dir: Path, title: str, levels: list[float],
         "| eval return, mean | frames/s, median | command |",
         "|---|---|---|---:|" + "---|" * len(levels) + "---|---:|---:|---|",
     ]
-    for (agent, game), runs in atari_runs(suite, suite_dir, levels).items():
+    for (agent, game), pairs in merged_runs(sources, levels).items():
+        runs = [run for run, _ in pairs]
         done = sum(r.result.counted for r in runs)
         reach = " | ".join("; ".join(reach_text(r, i) for r in runs) for i in range(len(levels)))
         per_seed, mean = eval_texts(runs)
         speeds = [fps for fps in (r.fps for r in runs) if fps is not None]
         fps = f"{np.median(speeds):,.0f}" if speeds else "—"
         preset = spec.preset(agent) if agent in spec.agents else "—"
-        command = command_text(spec, agent, game, grid)
+        commands = list(dict.fromkeys(
+            command_text(spec, agent, game, read_json(directory / GRID) or {})
+            for directory in dict.fromkeys(d for _, d in pairs)))
+        command = "; ".join(c for c in commands if c is not None) or "—"
         lines.append(f"| {game} | {agent} | {preset} | {done}/{len(runs)} | {reach} | "
-                     f"{per_seed} | {mean} | {fps} | {'—' if command is None else command} |")
+                     f"{per_seed} | {mean} | {fps} | {command} |")
     return "\n".join(lines) + "\n"
 
 
@@ -183,8 +211,7 @@ def seed_curves(runs: list[AtariRun], grid: np.ndarray) -> np.ndarray:
                               grid) for r in runs])
 
 
-def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
-         points: int = 400) -> None:
+def plot(sources: Sources, path: Path, levels: list[float], points: int = 400) -> None:
     """One panel per game (three to a row), one curve per agent: the mean over seeds of the
     20-episode mean return against env frames, the seeds' min-max as a band; on Pong each
     level dashed, on the games Dopamine's baselines cover their 10M-frame DQN and Rainbow
@@ -194,17 +221,20 @@ def plot(suite: Suite, suite_dir: Path, path: Path, levels: list[float],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = atari_runs(suite, suite_dir, levels)
-    panels = max(len(suite.games), 1)
+    pooled = merged_runs(sources, levels)
+    cells = {key: [run for run, _ in pairs] for key, pairs in pooled.items()}
+    games = list(dict.fromkeys(g for suite, _ in sources for g in suite.games))
+    agents = list(dict.fromkeys(a for suite, _ in sources for a in suite.agents))
+    panels = max(len(games), 1)
     columns = min(panels, 3)
     rows = -(-panels // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4.5 * rows), squeeze=False)
     for ax in axes.flat[panels:]:
         ax.set_visible(False)
-    colours = {agent: f"C{i}" for i, agent in enumerate(suite.agents)}
-    for ax, game in zip(axes.flat, suite.games, strict=False):
+    colours = {agent: f"C{i}" for i, agent in enumerate(agents)}
+    for ax, game in zip(axes.flat, games, strict=False):
         drawn = {agent: [r for r in cells.get((agent, game), []) if has_curve(r)]
-                 for agent in suite.agents}
+                 for agent in agents}
         end = max([int(r.episodes[0][-1]) for runs in drawn.values() for r in runs] + [1])
         grid = np.linspace(0, end, points)
         for agent, runs in drawn.items():

@@ -321,8 +321,10 @@ class Grid:
                 if carry.discard(archived):
                     print(f"[reproduce] {run.name}: finished, its carry deleted", flush=True)
             else:
-                print(f"[reproduce] {run.name}: "
-                      f"{carry.save(run.run_dir, archived, record['frames'])}", flush=True)
+                saved = carry.save(run.run_dir, archived, record["frames"],
+                                   episodes if episodes is not None
+                                   else read_episodes(run.run_dir))
+                print(f"[reproduce] {run.name}: {saved}", flush=True)
         child.lock.close()
         self.records.append(record)
         final = record["final_return_100"]

@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from curve import episode_table
 from suite import (
+    CARRY,
+    CARRY_MANIFEST,
+    EPISODES,
     GRID,
     SUMMARY,
     final_return,
@@ -100,7 +104,10 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     result.wall_s = summary.get("wall_s_total")
     # a summary with spans (finished or failed, since the spans were recorded) holds all
     # that the attempts file would give
-    attempts = [] if "spans" in summary else read_attempts(run_dir)
+    carried = read_json(run_dir / CARRY / CARRY_MANIFEST) if not summary else None
+    # a run carried to the next machine (carry.py): its attempts and episodes so far
+    attempts = [] if "spans" in summary else read_attempts(
+        run_dir / CARRY if carried is not None else run_dir)
     if result.wall_s is None:  # not finished: the attempts so far
         result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
     result.spans, result.unplaced_s = attempt_spans(summary, attempts)
@@ -112,6 +119,14 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         result.final = final_return(events.returns)
         result.eval_return = events.evaluation.get("return_mean")
         result.curve_frames, result.curve_returns = events.frames, smoothed(events.returns)
+    elif carried is not None:
+        table = (episode_table(run_dir / CARRY / EPISODES)
+                 if (run_dir / CARRY / EPISODES).is_file() else None)
+        result.frames = carried.get("frames") or 0
+        if table is not None:
+            episode_frames, returns, _ = table
+            result.episodes, result.final = len(returns), final_return(returns)
+            result.curve_frames, result.curve_returns = episode_frames, smoothed(returns)
     else:  # an archived run, or no event files (log.tensorboard=false): reproduce.py's record
         result.frames = summary.get("frames") or 0
         result.final = summary.get("final_return_100")
@@ -176,7 +191,8 @@ def collect(suite_dir: Path) -> Suite:
                if isinstance(summary, dict) and {"agent", "game", "seed"} <= summary.keys()
                else parse_run_name(path.name))
         ran = (path / SUMMARY).exists() or has_checkpoint(path) or any(
-            path.glob("events.out.tfevents.*")) or (path / "stdout.log").exists()
+            path.glob("events.out.tfevents.*")) or (path / "stdout.log").exists() or (
+            path / CARRY / CARRY_MANIFEST).exists()
         if key is not None and ran:
             found[key] = path
     grid = read_json(suite_dir / GRID) or {}

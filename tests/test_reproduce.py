@@ -1089,6 +1089,49 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
         report.main([str(archive), "--suite", "minatar"])
 
 
+def test_one_pong_table_pools_each_agents_seeds_over_several_archives(tmp_path, capsys):
+    """Each agent's grid in its own archive, one table and one PNG: APPO's seed 0 from one
+    archive and seeds 1 and 2 from another make one row of 3 seeds, each archive's command
+    named; a seed that two archives both hold is refused."""
+    def grid(path: Path, agents: list[str], seeds: list[int], overrides: list[str]) -> Path:
+        path.mkdir()
+        (path / suite.GRID).write_text(json.dumps({
+            "suite": "atari", "agents": agents, "games": ["Pong"], "seeds": seeds,
+            "games_by_agent": {a: ["Pong"] for a in agents}, "frames": 20_000_000,
+            "overrides": overrides}))
+        return path
+
+    first = grid(tmp_path / "pong_appo_s0", ["appo"], [0], ["stop_at_return=19"])
+    later = grid(tmp_path / "pong_appo", ["appo"], [1, 2], ["distributed.learner_threads=1"])
+    other = grid(tmp_path / "pong_impala", ["impala"], [0, 1], [])
+    write_atari_run(first, "appo", 0, "finished", pong_episodes(20.0), eval_return=20.0)
+    write_atari_run(later, "appo", 1, "finished", pong_episodes(20.0), eval_return=19.0)
+    write_atari_run(later, "appo", 2, "finished", pong_episodes(-21.0), eval_return=-20.0)
+    write_atari_run(other, "impala", 1, "finished", pong_episodes(10.0), eval_return=9.0)
+    png = tmp_path / "pong.png"
+    report.main([str(first), str(later), str(other), "--png", str(png)])
+    table = capsys.readouterr().out
+    assert table.splitlines()[0] == "### Atari: pong_appo_s0, pong_appo, pong_impala"
+    appo = row_of(table, "Pong", "appo")
+    assert appo[3] == "3/3"
+    assert appo[6:8] == ["s0 20.0, s1 19.0, s2 -20.0", "6.3 (3 seeds)"]
+    assert appo[9] == ("`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
+                       "total_frames=20000000 stop_at_return=19`; `python run.py "
+                       "+experiment=atari_short_appo env.id=Pong seed=<s> total_frames=20000000 "
+                       "distributed.learner_threads=1`")
+    assert row_of(table, "Pong", "impala")[3] == "1/2"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_atari_run(grid(tmp_path / "again", ["appo"], [1], []), "appo", 1, "finished",
+                    pong_episodes(0.0))
+    with pytest.raises(SystemExit, match="seed 1 of appo on Pong is in both .*pong_appo and "
+                                         ".*again"):
+        report.main([str(later), str(tmp_path / "again")])
+    minatar = [make_run(tmp_path / name, "impala", "Breakout", 0, [1.0]).parent
+               for name in ("m1", "m2")]
+    with pytest.raises(SystemExit, match="a MinAtar report reads one directory"):
+        report.main([str(path) for path in minatar])
+
+
 def test_a_finished_seeds_curve_holds_its_last_value_and_an_unfinished_one_stops():
     """A finished run (one that met stop_at_return early, say) stays in the mean over seeds
     at its last 20-episode mean; a run still going counts only as far as it got."""
@@ -1124,6 +1167,11 @@ def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machin
     assert len(manifest["files"]) == 1 + len(suite.event_files(first / name))
     stopped_at = int(checkpoint.read_text())
     assert 0 < stopped_at < 1000
+    # the archive alone shows the run so far: unfinished, its frames and its episodes
+    shown = report.collect(archive).runs["impala", "Breakout", 0]
+    episodes = report_atari.episodes_of(archive / name)
+    assert (shown.status, shown.frames) == ("unfinished", manifest["frames"])
+    assert shown.episodes == len(episodes[0]) >= 2 * stopped_at // 50
     capsys.readouterr()
 
     second = tmp_path / "machine-b"  # a fresh checkout: no run directory at all
