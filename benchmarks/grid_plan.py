@@ -16,6 +16,7 @@ from typing import Any
 
 from suite import (
     GRID,
+    LOST,
     MINATAR,
     SUMMARY,
     SuiteSpec,
@@ -107,10 +108,20 @@ def finished_summary(run: Run, archive: Path | None) -> Path | None:
     return None
 
 
+def lost_summary(run: Run, archive: Path | None) -> dict[str, Any] | None:
+    """The archive's ``summary.json`` of ``run`` where it says the run was lost
+    (``suite.LOST``: its ``lost`` field says how), else None."""
+    summary = read_json(archive / run.name / SUMMARY) if archive is not None else None
+    return summary if isinstance(summary, dict) and summary.get("status") == LOST else None
+
+
 def state_of(run: Run, archive: Path | None = None) -> str:
-    """finished (skip), resume (checkpoints, not finished) or fresh."""
+    """finished (skip), lost (skip: never run again), resume (checkpoints, not finished)
+    or fresh."""
     if finished_summary(run, archive) is not None:
         return "finished"
+    if lost_summary(run, archive) is not None:
+        return LOST
     return "resume" if has_checkpoint(run.run_dir) else "fresh"
 
 

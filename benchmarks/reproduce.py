@@ -62,7 +62,10 @@ archive holds as finished is skipped too, so a grid continues on a fresh checkou
 ``--out`` is empty. A run that stopped or failed is carried there as well (``carry.py``:
 its newest checkpoint, event files and attempt records, compressed, in
 ``DIR/<run>/carry/``), and a run whose directory has no checkpoint is put back from its
-carry and resumed, so a run also continues on another machine from where it stopped.
+carry and resumed, so a run also continues on another machine from where it stopped. A run
+whose archived ``summary.json`` says ``"status": "lost"`` (its machine went before runs were
+carried; ``lost`` says how, and the summary keeps what is known of it) is skipped: a reported
+seed is never run again.
 
 This file starts, watches and stops the runs; ``grid_plan.py`` says what the grid holds
 (each run's settings, command and state, ``grid.json``), ``attempt_record.py`` builds an
@@ -96,6 +99,7 @@ from grid_plan import (  # noqa: E402
     command_for,
     differences,
     finished_summary,
+    lost_summary,
     missing_presets,
     next_attempt,
     plan,
@@ -109,6 +113,7 @@ from suite import (  # noqa: E402
     ATTEMPTS,
     DEFAULT_SUITE,
     EPISODES,
+    LOST,
     STDOUT,
     SUITES,
     SUMMARY,
@@ -211,6 +216,9 @@ class Grid:
             where = finished_summary(run, self.args.archive)
             print(f"[reproduce] skip {run.name}: finished ({where})"
                   f"{differences(read_json(where), run, self.args)}", flush=True)
+            return
+        if state == LOST:
+            print(f"[reproduce] skip {run.name}: {lost_line(run, self.args.archive)}", flush=True)
             return
         run.run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run.run_dir / ".reproduce.lock", "w")  # noqa: SIM115 - held while it runs
@@ -363,6 +371,12 @@ class Grid:
                 time.sleep(0.1)
 
 
+def lost_line(run: Run, archive: Path | None) -> str:
+    summary = lost_summary(run, archive) or {}
+    return (f"lost at {summary.get('frames') or 0:,} frames ({summary.get('lost', 'no reason')}"
+            f"; {archive / run.name / SUMMARY}); a reported seed is not run again")
+
+
 def describe_exit(code: int) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit {code}"
 
@@ -372,6 +386,9 @@ def dry_run(runs: list[Run], args: argparse.Namespace) -> None:
         state = state_of(run, args.archive)
         if state == "finished":
             print(f"# skip {run.name}: finished ({finished_summary(run, args.archive)})")
+            continue
+        if state == LOST:
+            print(f"# skip {run.name}: {lost_line(run, args.archive)}")
             continue
         holder = run_lock_holder(run.run_dir)
         if holder is not None:

@@ -113,6 +113,9 @@ EVAL_PREFIX = "eval/"  # distrl.acting.evaluation: eval/return_mean, ... at the 
 SUMMARY = "summary.json"
 EPISODES = "episodes.csv"  # every episode's frames, return, wall time (curve.py --csv's)
 ATTEMPTS = "attempts.jsonl"
+# A run that can neither go on nor be run again: its machine went, and with it everything
+# but what its summary.json records (its seed was reported, so it is never re-run).
+LOST = "lost"
 CARRY = "carry"  # an archived run's carry (carry.py): what another machine resumes it from
 CARRY_MANIFEST = "carry.json"
 STDOUT = "stdout.log"

@@ -16,6 +16,7 @@ from suite import (
     CARRY_MANIFEST,
     EPISODES,
     GRID,
+    LOST,
     SUMMARY,
     final_return,
     games_by_agent,
@@ -39,7 +40,7 @@ class RunResult:
     agent: str
     game: str
     seed: int
-    status: str  # finished | failed | unfinished | missing
+    status: str  # finished | failed | unfinished | lost | missing
     exit_code: int | None = None
     frames: int = 0
     final: float | None = None  # mean of the last 100 training episodes
@@ -70,6 +71,8 @@ class RunResult:
             return f"s{self.seed} {value}"
         if self.status == "missing":
             return f"s{self.seed} missing"
+        if self.status == "lost":
+            return f"s{self.seed} lost ({frames(self.frames)}, {value})"
         if self.status == "failed":
             return f"s{self.seed} failed (exit {self.exit_code}, {frames(self.frames)}, {value})"
         return f"s{self.seed} unfinished ({frames(self.frames)}, {value})"
@@ -98,7 +101,7 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     summary = read_json(run_dir / SUMMARY)
     summary = summary if isinstance(summary, dict) else {}
     status = summary.get("status")
-    if status not in ("finished", "failed"):
+    if status not in ("finished", "failed", LOST):
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
     result.wall_s = summary.get("wall_s_total")

@@ -1089,6 +1089,35 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
         report.main([str(archive), "--suite", "minatar"])
 
 
+def test_a_lost_run_is_never_run_again_and_the_table_shows_how_far_it_got(tmp_path, capsys):
+    archive = tmp_path / "pong_appo"
+    archive.mkdir()
+    (archive / suite.GRID).write_text(json.dumps({
+        "suite": "atari", "agents": ["appo"], "games": ["Pong"], "seeds": [1],
+        "games_by_agent": {"appo": ["Pong"]}, "frames": 20_000_000, "overrides": []}))
+    lost = archive / "appo-Pong-s1"
+    lost.mkdir()
+    (lost / suite.SUMMARY).write_text(json.dumps({
+        "agent": "appo", "game": "Pong", "seed": 1, "status": "lost", "frames": 14_380_000,
+        "final_return_100": -2.1, "lost": "its machine went before runs were carried",
+        "reach": {"levels": [{"level": 0.0, "frames": 9_840_000, "run_time_s": 7320.0},
+                             {"level": 18.0, "frames": None, "run_time_s": None}]}}))
+    out = tmp_path / "out"
+    args = ["--suite", "atari", "--out", str(out), "--archive", str(archive), "--agents",
+            "appo", "--games", "Pong", "--seeds", "1", "--frames", "20000000", "--run-cmd", FAKE]
+    assert reproduce.main([*args, "--dry-run"]) == 0
+    assert reproduce.main(args) == 0
+    printed = capsys.readouterr().out
+    line = ("skip appo-Pong-s1: lost at 14,380,000 frames (its machine went before runs were "
+            f"carried; {lost / suite.SUMMARY}); a reported seed is not run again")
+    assert f"# {line}" in printed and f"[reproduce] {line}" in printed
+    assert not (out / "appo-Pong-s1" / "invocations.jsonl").exists()
+    report.main([str(archive)])
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    assert row[3:7] == ["0/1", "s1 9.8M frames, 2h02m", "s1 not reached (lost at 14.4M frames)",
+                        "s1 —"]
+
+
 def test_one_pong_table_pools_each_agents_seeds_over_several_archives(tmp_path, capsys):
     """Each agent's grid in its own archive, one table and one PNG: APPO's seed 0 from one
     archive and seeds 1 and 2 from another make one row of 3 seeds, each archive's command
