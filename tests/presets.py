@@ -3,6 +3,7 @@ or run ``python run.py`` itself in a subprocess as a user would."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -84,7 +86,7 @@ class Training:
     """A command that trains (``run.py``, torchrun, a launcher script), started in a session
     of its own with stdout and stderr read together by a thread, for tests that act on it
     mid-run: ``wait_until`` it trains, then signal or kill it, then ``finish``. Leaving the
-    ``with`` block SIGKILLs whatever is left of its process group, so no test leaves one
+    ``with`` block SIGKILLs whatever is left of it (:meth:`kill`), so no test leaves a process
     behind, also when it fails or times out."""
 
     def __init__(self, command: list[str], **popen: Any) -> None:
@@ -114,10 +116,20 @@ class Training:
         self._reader.join(timeout=10)
         return self.proc.returncode
 
+    def kill(self) -> None:
+        """SIGKILL whatever is left of it: every process under it first (torchrun starts its
+        workers in sessions of their own, out of reach of a kill of its group), then its
+        process group."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):  # a zombie's children included
+                for child in psutil.Process(self.proc.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def __enter__(self) -> Training:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.kill()

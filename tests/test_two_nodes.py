@@ -7,19 +7,14 @@ and its worker group restarted on one node is tests/test_restarts.py.)"""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from presets import REPO
+from presets import REPO, Training
 
 from distrl.run import checkpoint
 
@@ -46,18 +41,18 @@ def _node(node_rank: int, port: int, tmp_path: Path, *overrides: str,
 
 
 def _start_nodes(port: int, tmp_path: Path, *overrides: str, max_restarts: int = 1
-                 ) -> list[Node]:
+                 ) -> list[Training]:
     """Node 0 first, and node 1 once node 0's agent hosts the rendezvous store (on one
     machine either agent could host it)."""
-    first = Node(_node(0, port, tmp_path, *overrides, max_restarts=max_restarts))
+    first = _start(_node(0, port, tmp_path, *overrides, max_restarts=max_restarts))
     deadline = time.monotonic() + 60
     while True:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 break
-        assert time.monotonic() < deadline and first.proc.poll() is None, first.output()
+        assert time.monotonic() < deadline and first.proc.poll() is None, first.output
         time.sleep(0.1)
-    return [first, Node(_node(1, port, tmp_path, *overrides, max_restarts=max_restarts))]
+    return [first, _start(_node(1, port, tmp_path, *overrides, max_restarts=max_restarts))]
 
 
 def _env() -> dict[str, str]:
@@ -66,45 +61,19 @@ def _env() -> dict[str, str]:
             "PYTHONPATH": f"{tests}{os.pathsep}{REPO}", "GLOO_SOCKET_IFNAME": "lo"}
 
 
-class Node:
-    """One torchrun node in a process group of its own, its output read in a thread."""
-
-    def __init__(self, command: list[str]):
-        self.proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout),
-                                       daemon=True)
-        self.reader.start()
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=10)
-        return code
-
-    def kill(self) -> None:
-        """The whole node: its torchrun agent and every process under it (torchrun starts
-        its workers in sessions of their own)."""
-        if self.proc.poll() is None:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+def _start(command: list[str]) -> Training:
+    """One torchrun node, in a session of its own, its output read in a thread."""
+    return Training(command, cwd=REPO, env=_env())
 
 
-def _run_to_end(nodes: list[Node], timeout: float = 300) -> tuple[list[int], str]:
+def _run_to_end(nodes: list[Training], timeout: float = 300) -> tuple[list[int], str]:
     """Both nodes' exit codes and output once they end; whatever is left is killed."""
     try:
-        codes = [node.wait(timeout=timeout) for node in nodes]
+        codes = [node.finish(timeout=timeout) for node in nodes]
     finally:
         for node in nodes:
             node.kill()
-    return codes, "".join(node.output() for node in nodes)
+    return codes, "".join(node.output for node in nodes)
 
 
 @pytest.mark.timeout(600)
@@ -137,18 +106,13 @@ def test_a_lost_node_ends_the_job_and_the_job_started_again_continues_the_run(tm
     checkpoints = tmp_path / "runs" / "job" / "checkpoints"
     nodes = _start_nodes(_free_port(), tmp_path, *overrides, max_restarts=0)
     try:
-        deadline = time.monotonic() + 300
-        while not (any("updates=" in line for line in nodes[0].lines)
-                   and checkpoint.list_checkpoints(checkpoints)):
-            assert time.monotonic() < deadline and nodes[0].proc.poll() is None, \
-                nodes[0].output()[-3000:]
-            time.sleep(0.2)
+        nodes[0].wait_until(lambda: bool(checkpoint.list_checkpoints(checkpoints)))
         nodes[1].kill()
-        survivor = nodes[0].wait(timeout=240)
+        survivor = nodes[0].finish(timeout=240)
     finally:
         for node in nodes:
             node.kill()
-    assert survivor != 0, nodes[0].output()[-3000:]
+    assert survivor != 0, nodes[0].output[-3000:]
     before = checkpoint.load(checkpoint.list_checkpoints(checkpoints)[-1])
     assert 0 < before["frames_all_ranks"] < 64000
 
