@@ -25,7 +25,6 @@ import hashlib
 import json
 import lzma
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -33,21 +32,12 @@ from typing import Any
 
 from attempt_record import write_episodes
 from curve import Episodes
-from suite import ATTEMPTS, CARRY, EPISODES, event_files
+from suite import ATTEMPTS, CARRY, EPISODES, event_files, newest_checkpoint, read_attempts
 from suite import CARRY_MANIFEST as MANIFEST
 
 LIMIT_BYTES = 256 << 20
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # distrl.run.checkpoint's names
 _PRESET = 6  # xz's default level: 8 MB of IMPALA checkpoint in ~3 s, to ~60% of its size
 _CHUNK = 1 << 20
-
-
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    directory = run_dir / "checkpoints"
-    if not directory.is_dir():
-        return None
-    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _CHECKPOINT.match(p.name))]
-    return max(found)[1] if found else None
 
 
 def _compress(source: Path, target: Path) -> dict[str, Any]:
@@ -162,8 +152,7 @@ def carried_attempts(archive_run: Path) -> int | None:
     carry = archive_run / CARRY
     if not (carry / MANIFEST).exists():
         return None
-    records = carry / ATTEMPTS
-    return len(records.read_text().splitlines()) if records.exists() else 0
+    return len(read_attempts(carry))
 
 
 def discard(archive_run: Path) -> bool:

@@ -183,11 +183,19 @@ def games_by_agent(grid: dict[str, Any]) -> dict[str, list[str]]:
     return {agent: list(grid.get("games", [])) for agent in grid.get("agents", [])}
 
 
-def has_checkpoint(run_dir: Path) -> bool:
-    """Whether ``run.py resume=<run_dir>`` has a checkpoint to continue from (the names
-    distrl.run.checkpoint writes; importing it would pull in torch)."""
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's newest checkpoint by step (the names distrl.run.checkpoint writes; importing
+    it would pull in torch), None where it has none."""
     directory = run_dir / "checkpoints"
-    return directory.is_dir() and any(_CHECKPOINT.match(p.name) for p in directory.iterdir())
+    if not directory.is_dir():
+        return None
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return max(found)[1] if found else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run.py resume=<run_dir>`` has a checkpoint to continue from."""
+    return newest_checkpoint(run_dir) is not None
 
 
 def event_files(run_dir: Path) -> list[Path]:
