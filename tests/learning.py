@@ -15,7 +15,10 @@ and, where the run has one, the evaluation of the final weights.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 TEST_SEED = 8
@@ -34,3 +37,37 @@ def report(name: str, seed: int, result: dict[str, Any]) -> None:
     print(f"LEARNING {name} seed={seed} final_mean_20={result['mean_return_20']:.2f} "
           f"eval={'none' if evaluation is None else f'{evaluation:.2f}'} "
           f"frames={result['frames']}", flush=True)
+
+
+def _run_into(results: Any, run: Callable[[Any], dict[str, Any]], cfg: Any) -> None:
+    """``run(cfg)`` in a spawned process, its summary put on ``results``."""
+    results.put(run(cfg))
+
+
+@contextlib.contextmanager
+def run_beside(run: Callable[[Any], dict[str, Any]], cfg: Any,
+               name: str) -> Iterator[Callable[[], dict[str, Any]]]:
+    """Starts ``run(cfg)`` (an agent's module-level ``run``) in a spawned process for the
+    length of the block, so that two learning runs share the two cores instead of taking
+    turns; yields a function that waits for its summary. The process ends with the block,
+    also when the test fails or times out."""
+    context = multiprocessing.get_context("spawn")
+    results = context.SimpleQueue()
+    side = context.Process(target=_run_into, name=f"distrl-test-{name}",
+                           args=(results, run, cfg))
+    side.start()
+
+    def result() -> dict[str, Any]:
+        while results.empty() and side.is_alive():  # read before joining: a full pipe
+            side.join(timeout=1.0)                    # would keep the child from exiting
+        assert not results.empty(), f"the {name} run exited with {side.exitcode}"
+        summary = results.get()
+        side.join()
+        return summary
+
+    try:
+        yield result
+    finally:
+        if side.is_alive():
+            side.kill()
+            side.join()

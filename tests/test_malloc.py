@@ -49,8 +49,10 @@ def test_a_repeated_large_allocation_reuses_its_pages_once_freed_memory_is_kept(
     system, kept = probe("system"), probe("keep")
     assert system["line"] == "malloc=system" and kept["line"] == "malloc=keep_freed"
     assert system["faults"] > 3 * batch_pages  # at least a fresh batch every update
-    # the earlier updates' pages, reused (0 or 1 in 25 runs)
-    assert kept["faults"] < min(batch_pages / 2, system["faults"] / 10)
+    # The earlier updates' pages, reused: mostly no fresh batch in the three updates, at
+    # times one (the heap growing once more, as CI saw: exactly 9,261 faults), never one an
+    # update as without it.
+    assert kept["faults"] < min(1.5 * batch_pages, system["faults"] / 3)
 
 
 def test_keep_freed_memory_must_be_a_bool():

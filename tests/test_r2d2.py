@@ -7,11 +7,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import multiprocessing
 
 import pytest
 import torch
-from learning import learning_seed, report
+from learning import learning_seed, report, run_beside
 from presets import compose_preset
 from target_pass import call_loss
 
@@ -315,59 +314,31 @@ EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
 R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 250.0
 
 
-def _run_into(results: multiprocessing.SimpleQueue, cfg: object) -> None:
-    """R2D2's run in a spawned process, its summary put on ``results``."""
-    results.put(r2d2.run(cfg))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_lstm_learns_cartpole_without_velocities_and_feed_forward_does_not(tmp_path):
-    """The whole budget, then 50 greedy episodes of the final weights: the recurrent
-    agent reaches R2D2_TRAIN and R2D2_EVAL, the same agent with its LSTM swapped for a
-    ReLU layer stays below FEED_FORWARD_EVAL_BELOW (from seeds 100 and 101); runs seed 8.
-    One process is deterministic for a seed, so this is the
-    run a user gets with ``python run.py +experiment=r2d2_cartpole``; the two runs go
-    side by side, the feed-forward one in a spawned process."""
+@pytest.mark.dist
+def test_lstm_learns_cartpole_without_velocities_with_actors_and_feed_forward_does_not(
+        tmp_path):
+    """The whole budget, then 50 greedy episodes of the final weights: the recurrent agent
+    with 2 actor processes (4 envs each, the preset's 8 epsilons, the learner keeping the
+    replay ratio across processes) reaches R2D2_TRAIN and R2D2_EVAL; the same agent in one
+    process with its LSTM swapped for a ReLU layer stays below FEED_FORWARD_EVAL_BELOW
+    (from seeds 100 and 101); runs seed 8. The two runs go side by side, the feed-forward
+    one in a spawned process. The recurrent agent in one process, which is what ``python
+    run.py +experiment=r2d2_cartpole`` runs, learned as well on both calibration seeds
+    (500.0 training and greedy, tests/learning_calibration.txt); it shares every part of
+    the learner with the run here, so CI does not spend its minutes on it too."""
     seed = learning_seed()
     overrides = ("stop_at_return=null", f"eval.episodes={EVAL_EPISODES}", f"seed={seed}")
-    context = multiprocessing.get_context("spawn")
-    results = context.SimpleQueue()
-    side = context.Process(target=_run_into, name="distrl-test-feed-forward", args=(
-        results, preset(tmp_path, "ff", *overrides, "agent.model.use_lstm=false")))
-    side.start()
-    try:  # the side run ends with the test, also when it fails or times out
-        recurrent = r2d2.run(preset(tmp_path, "lstm", *overrides))
-        while results.empty() and side.is_alive():  # read before joining: a full pipe
-            side.join(timeout=1.0)                    # would keep the child from exiting
-        assert not results.empty(), f"the feed-forward run exited with {side.exitcode}"
-        feed_forward = results.get()
-        side.join()
-    finally:
-        if side.is_alive():
-            side.kill()
-            side.join()
-    report("r2d2_lstm", seed, recurrent)
+    with run_beside(r2d2.run, preset(tmp_path, "ff", *overrides, "agent.model.use_lstm=false"),
+                    "feed-forward") as feed_forward_result:
+        recurrent = r2d2.run(preset(tmp_path, "actors", *overrides, "distributed.actors=2",
+                                    "distributed.envs_per_actor=4"))
+        feed_forward = feed_forward_result()
+    report("r2d2_actors", seed, recurrent)
     report("r2d2_feed_forward", seed, feed_forward)
     assert recurrent["frames"] >= CARTPOLE_FRAMES and feed_forward["frames"] >= CARTPOLE_FRAMES
     assert recurrent["mean_return_20"] >= R2D2_TRAIN, recurrent["returns"][-20:]
     assert recurrent["eval_return"] >= R2D2_EVAL, recurrent["eval_returns"]
+    assert recurrent["sampled"] == pytest.approx(4.0 * recurrent["inserted"], rel=0.05)
     assert feed_forward["eval_return"] < FEED_FORWARD_EVAL_BELOW, feed_forward["eval_returns"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-@pytest.mark.dist
-def test_lstm_learns_cartpole_without_velocities_with_two_actor_processes(tmp_path):
-    """The same settings, budget and thresholds with 2 actor processes (4 envs each, the
-    same 8 epsilons), and the learner keeping the replay ratio across processes.
-    Thresholds: R2D2_TRAIN, R2D2_EVAL (from seeds 100 and 101); runs seed 8."""
-    seed = learning_seed()
-    result = r2d2.run(preset(tmp_path, "actors", "stop_at_return=null", "distributed.actors=2",
-                             "distributed.envs_per_actor=4", f"eval.episodes={EVAL_EPISODES}",
-                             f"seed={seed}"))
-    report("r2d2_actors", seed, result)
-    assert result["frames"] >= CARTPOLE_FRAMES
-    assert result["mean_return_20"] >= R2D2_TRAIN, result["returns"][-20:]
-    assert result["eval_return"] >= R2D2_EVAL, result["eval_returns"]
-    assert result["sampled"] == pytest.approx(4.0 * result["inserted"], rel=0.05)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from learning import learning_seed, report
+from learning import learning_seed, report, run_beside
 from presets import compose_preset
 
 from agents import apex
@@ -172,33 +172,27 @@ def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path, capfd):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_learns_cartpole_in_one_process(tmp_path):
-    """The whole budget, then the preset's 50 greedy episodes of the final weights.
+@pytest.mark.dist
+def test_learns_cartpole_in_one_process_and_with_two_actor_processes(tmp_path):
+    """The whole budget, then the preset's 50 greedy episodes of the final weights, for
+    the preset in one process and, side by side with it, with 2 actor processes of 4 envs
+    (the learner keeps the replay ratio, so what each learns does not depend on the load).
     Thresholds: APEX_TRAIN, APEX_EVAL (from seeds 100 and 101); runs seed 8."""
     seed = learning_seed()
-    result = apex.run(preset(tmp_path, "serial", f"seed={seed}"))
-    report("apex_serial", seed, result)
-    assert result["frames"] >= CARTPOLE_FRAMES
-    assert result["mean_return_20"] >= APEX_TRAIN, result["returns"][-20:]
-    assert result["eval_return"] >= APEX_EVAL, result["eval_returns"]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.dist
-def test_learns_cartpole_with_two_actor_processes(tmp_path):
-    """As in one process, with 2 actor processes of 4 envs. Thresholds: APEX_TRAIN,
-    APEX_EVAL (from seeds 100 and 101); runs seed 8."""
-    seed = learning_seed()
-    result = apex.run(preset(tmp_path, "actors", "distributed.actors=2",
-                             "distributed.envs_per_actor=4", f"seed={seed}"))
-    report("apex_actors", seed, result)
-    assert result["frames"] >= CARTPOLE_FRAMES
-    assert result["mean_return_20"] >= APEX_TRAIN, result["returns"][-20:]
-    assert result["eval_return"] >= APEX_EVAL, result["eval_returns"]
+    with run_beside(apex.run, preset(tmp_path, "serial", f"seed={seed}"),
+                    "one-process") as serial_result:
+        actors = apex.run(preset(tmp_path, "actors", "distributed.actors=2",
+                                 "distributed.envs_per_actor=4", f"seed={seed}"))
+        serial = serial_result()
+    report("apex_serial", seed, serial)
+    report("apex_actors", seed, actors)
+    for result in (serial, actors):
+        assert result["frames"] >= CARTPOLE_FRAMES
+        assert result["mean_return_20"] >= APEX_TRAIN, result["returns"][-20:]
+        assert result["eval_return"] >= APEX_EVAL, result["eval_returns"]
     # Credit for updates accrues once the replay holds learning_starts (1,000) items, so
     # those are left out. The rest: credit not yet spent, inserts in flight.
-    assert result["sampled"] == pytest.approx(4.0 * (result["inserted"] - 1000), rel=0.03)
+    assert actors["sampled"] == pytest.approx(4.0 * (actors["inserted"] - 1000), rel=0.03)
 
 
 def test_preset_is_the_papers_agent_with_cartpole_settings(tmp_path):
