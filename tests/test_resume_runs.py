@@ -3,7 +3,8 @@ runs (tests/test_impala.py, tests/test_replay_runner.py): IMPALA with actor proc
 SEED-IMPALA and SEED-R2D2 with an env worker process. Each is stopped after a few
 updates, resumed from its checkpoint to the end of its budget, and must continue: the
 update and frame counters (SEED-R2D2 with its replay in the checkpoint), the
-learning-rate schedule (the final lr equals an uninterrupted run's), and tensorboard's
+learning-rate schedule (the final lr equals an uninterrupted run's, or for SEED-R2D2, whose
+update count follows the load, the schedule's value at its count), and tensorboard's
 curves, whose steps go on from the checkpoint instead of starting over."""
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def test_a_resumed_run_continues_its_counters_lr_and_curves(tmp_path, name):
     part_cfg = _config(tmp_path, name, "part")
     part = run(part_cfg.agent.name).run(part_cfg, should_stop=lambda updates: updates >= STOP_AT)
     assert part["updates"] == STOP_AT
-    stopped_at = checkpoint.load(part["checkpoint"])["counters"]["frames"]
+    stopped = checkpoint.load(part["checkpoint"])
+    stopped_at = stopped["counters"]["frames"]
     resumed_cfg = dataclasses.replace(_config(tmp_path, name, "part"), resume=part["checkpoint"])
     resumed = run(resumed_cfg.agent.name).run(resumed_cfg)
 
@@ -77,8 +79,21 @@ def test_a_resumed_run_continues_its_counters_lr_and_curves(tmp_path, name):
     else:  # a batch of unrolls per update: the budget fixes the count
         assert resumed["updates"] == full["updates"] > STOP_AT
     assert resumed["frames"] >= full_cfg.total_frames and full["frames"] >= full_cfg.total_frames
-    assert _lr(checkpoint.load(resumed["checkpoint"])) == pytest.approx(
-        _lr(checkpoint.load(full["checkpoint"])), rel=1e-9, abs=1e-15)
+    final = checkpoint.load(resumed["checkpoint"])
+    if name == "seed_r2d2":
+        # The update count is the load's, so the final lr is checked against the schedule
+        # the stop was on (its length from the lr after STOP_AT updates), at the count of
+        # steps the schedule made in both processes, not one that started over at the resume.
+        group = stopped["learner"]["optimizer"]["param_groups"][0]
+        assert group["lr"] < group["initial_lr"], "the preset's schedule decays: linear"
+        planned_updates = STOP_AT / (1.0 - group["lr"] / group["initial_lr"])
+        steps = final["learner"]["scheduler"]["last_epoch"]
+        assert steps == final["learner"]["updates"] == resumed["updates"]
+        expected = group["initial_lr"] * max(1.0 - steps / planned_updates, 0.0)
+        assert _lr(final) == pytest.approx(expected, rel=1e-6, abs=1e-15)
+    else:
+        assert _lr(final) == pytest.approx(_lr(checkpoint.load(full["checkpoint"])),
+                                           rel=1e-9, abs=1e-15)
     # Tensorboard: one curve whose steps rise through the restart, the resumed process's
     # updates going on from STOP_AT to the end.
     curve = _curve(Path(part["run_dir"]), "learner/updates")
