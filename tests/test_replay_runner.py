@@ -186,10 +186,10 @@ def test_learns_cartpole_in_one_process_and_with_two_actor_processes(tmp_path):
         serial = serial_result()
     report("apex_serial", seed, serial)
     report("apex_actors", seed, actors)
-    for result in (serial, actors):
-        assert result["frames"] >= CARTPOLE_FRAMES
-        assert result["mean_return_20"] >= APEX_TRAIN, result["returns"][-20:]
-        assert result["eval_return"] >= APEX_EVAL, result["eval_returns"]
+    for name, result in (("one process", serial), ("actors", actors)):
+        assert result["frames"] >= CARTPOLE_FRAMES, name
+        assert result["mean_return_20"] >= APEX_TRAIN, (name, result["returns"][-20:])
+        assert result["eval_return"] >= APEX_EVAL, (name, result["eval_returns"])
     # Credit for updates accrues once the replay holds learning_starts (1,000) items, so
     # those are left out. The rest: credit not yet spent, inserts in flight.
     assert actors["sampled"] == pytest.approx(4.0 * (actors["inserted"] - 1000), rel=0.03)
