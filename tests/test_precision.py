@@ -1,6 +1,7 @@
 """``agent.precision=bfloat16``: the learner's loss runs under bfloat16 autocast, its
 target pass in the side thread too; weights, gradients and optimizer state stay float32;
-the pixels reach the first convolution exactly; a bad name is refused naming the field."""
+the pixels reach the first convolution exactly; a bad name is refused naming the field;
+a CPU without native bfloat16 products gets a warning naming the setting."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from distrl.config import ConfigError
 from distrl.nets.models import DuelingQNet, RecurrentDuelingQNet
 from distrl.nets.side_thread import SideThread
 from distrl.nets.torsos import PIXEL_SCALE, _conv_on_pixels, channels_last_for_training
+from distrl.training import learner as learner_module
 from distrl.training.learner import Learner, make_lr_schedule, make_optimizer
 from distrl.types import SampleBatch, SequenceSample
 
@@ -138,3 +140,26 @@ def test_the_learner_refuses_an_unknown_precision():
     with pytest.raises(ConfigError, match="agent.precision must be one of"):
         Learner(model, lambda m, b: None, optimizer, make_lr_schedule(optimizer, "constant", 1),
                 1.0, precision="half")
+
+
+@pytest.mark.parametrize(("precision", "native", "warns"), [
+    ("bfloat16", False, True), ("bfloat16", True, False), ("float32", False, False)])
+def test_a_bfloat16_learner_without_native_bfloat16_warns_naming_the_setting(
+        monkeypatch, recwarn, precision, native, warns):
+    """On a CPU without AVX512-BF16 or AMX autocast emulates bfloat16 (3.1x float32's time
+    for Ape-X's Pong update on an AVX2-only CPU): the learner says so at start-up."""
+    monkeypatch.setattr(learner_module, "native_bfloat16", lambda device: native)
+    model = torch.nn.Linear(2, 1)
+    optimizer = make_optimizer(model.parameters(), "adam", 1e-3)
+    Learner(model, lambda m, b: None, optimizer, make_lr_schedule(optimizer, "constant", 1),
+            1.0, precision=precision)
+    messages = [str(w.message) for w in recwarn.list if w.category is RuntimeWarning]
+    expected = [m for m in messages if m.startswith("agent.precision=bfloat16: this cpu has no "
+                                                    "native bfloat16")]
+    assert len(expected) == (1 if warns else 0), messages
+
+
+def test_native_bfloat16_asks_onednn_on_a_cpu(monkeypatch):
+    for answer in (True, False):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda a=answer: a)
+        assert learner_module.native_bfloat16(torch.device("cpu")) is answer

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
@@ -179,6 +180,26 @@ def pin_for(batch: Any, device: torch.device) -> Any:
     return _map_tensors(batch, lambda t: t if t.device.type != "cpu" else t.pin_memory())
 
 
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 in hardware: a GPU that reports it, or a CPU
+    on which oneDNN finds AVX512-BF16 or AMX. Elsewhere autocast still runs, emulated."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(supported()) if supported is not None else False
+
+
+def warn_if_emulated(precision: str, device: torch.device) -> None:
+    """A bfloat16 learner on hardware without bfloat16 products runs, but many times
+    slower than float32 (Ape-X's Pong update took 3.1x float32's time on an AVX2-only CPU,
+    ``benchmarks/precision.py``): say so at start-up, naming the setting."""
+    if precision == "bfloat16" and not native_bfloat16(device):
+        warnings.warn(
+            f"agent.precision=bfloat16: this {device.type} has no native bfloat16 products "
+            "(AVX512-BF16 or AMX on a CPU), so they are emulated and the learner runs many "
+            "times slower than with agent.precision=float32", RuntimeWarning, stacklevel=3)
+
+
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """Where a learner computes its loss: ``float32`` as is; ``bfloat16`` under
     ``torch.autocast``, so convolutions, matrix products and the LSTM take bfloat16 inputs
@@ -260,6 +281,7 @@ class Learner:
         self.precision = precision
         self.side = SideThread("learner-target", enabled=target_beside)
         precision_context(precision, device or torch.device("cpu"))  # refuses a bad name now
+        warn_if_emulated(precision, device or torch.device("cpu"))
 
     @property
     def version(self) -> int:
