@@ -33,9 +33,10 @@ WORLD = 2
 # Half the lower calibration figure, rounded down (tests/learning.py): 468.7 / 455.0 on
 # seeds 100 / 101 (tests/learning_calibration.txt).
 IMPALA_RANKS_TRAIN = 220.0
-# Half the calibration figure, the mean over ranks of each one's last 20 episodes: 500.0
-# on seeds 100 and 101 (tests/learning_calibration.txt).
-APEX_RANKS_TRAIN = 250.0
+# Half the lower calibration figure, rounded down, the mean over ranks of each one's last
+# 20 episodes at the test's 200k steps: 310.40 / 466.65 on seeds 100 / 101
+# (tests/learning_calibration.txt).
+APEX_RANKS_TRAIN = 150.0
 
 
 def _free_port() -> int:
@@ -471,15 +472,16 @@ if __name__ == "__main__":
 @pytest.mark.timeout(900)
 def test_apex_learns_cartpole_with_two_learner_ranks(tmp_path):
     """Ape-X with 2 learner ranks (one process each, 8 envs and a replay shard per rank)
-    for 300k env steps of both ranks together, the one-rank budget of 150k per rank;
+    for 200k env steps of both ranks together, 100k per rank (the one-rank budget is 150k;
+    cut for CI's time and calibrated at 200k);
     judged on the mean over ranks of each one's last 20 episodes. Threshold:
     APEX_RANKS_TRAIN (from seeds 100 and 101); runs seed 8."""
     seed = learning_seed()
     proc, results = _train_agent(tmp_path, "learn", "+experiment=apex_cartpole",
-                                 "total_frames=300000", f"seed={seed}", timeout=600)
+                                 "total_frames=200000", f"seed={seed}", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report("apex_two_ranks", seed, results[0])
-    assert results[0]["frames"] >= 300_000
+    assert results[0]["frames"] >= 200_000
     assert results[0]["mean_return_20"] >= APEX_RANKS_TRAIN
 
 

@@ -29,7 +29,9 @@ from distrl.rl.losses import value_rescale
 from distrl.run.checkpoint import load
 from distrl.types import SequenceSample
 
-CARTPOLE_FRAMES = 400_000  # the preset's budget: env steps of CartPoleNoVelocity-v1
+# The learning test's budget, env steps of CartPoleNoVelocity-v1: the preset's 400k cut to
+# 250k for CI's time, calibrated at 250k (the linear lr schedule spans it).
+CARTPOLE_FRAMES = 250_000
 
 
 def small_model(seed: int = 0, use_lstm: bool = True) -> RecurrentDuelingQNet:
@@ -307,11 +309,11 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
 
 
 EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
-# Half the lowest calibration figure, rounded down (tests/learning.py): training and
-# greedy evaluation 500.0 on seeds 100 and 101, in one process and with actors; the
-# feed-forward control scored 122.5 and 107.7 greedy, so it must stay below the recurrent
-# agent's threshold (tests/learning_calibration.txt).
-R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 250.0
+# Half the lowest calibration figure, rounded down (tests/learning.py), at the test's 250k
+# steps: with actors, training 485.55 / 422.80 and greedy evaluation 481.96 / 440.64 on
+# seeds 100 / 101; the feed-forward control scored 113.82 and 113.86 greedy, so it must
+# stay below the recurrent agent's threshold (tests/learning_calibration.txt).
+R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 210.0
 
 
 @pytest.mark.slow
@@ -323,13 +325,15 @@ def test_lstm_learns_cartpole_without_velocities_with_actors_and_feed_forward_do
     with 2 actor processes (4 envs each, the preset's 8 epsilons, the learner keeping the
     replay ratio across processes) reaches R2D2_TRAIN and R2D2_EVAL; the same agent in one
     process with its LSTM swapped for a ReLU layer stays below FEED_FORWARD_EVAL_BELOW
-    (from seeds 100 and 101); runs seed 8. The two runs go side by side, the feed-forward
-    one in a spawned process. The recurrent agent in one process, which is what ``python
-    run.py +experiment=r2d2_cartpole`` runs, learned as well on both calibration seeds
-    (500.0 training and greedy, tests/learning_calibration.txt); it shares every part of
-    the learner with the run here, so CI does not spend its minutes on it too."""
+    (from seeds 100 and 101), each over CARTPOLE_FRAMES steps; runs seed 8. The two runs go
+    side by side, the feed-forward one in a spawned process. The recurrent agent in one process,
+    which is what ``python run.py +experiment=r2d2_cartpole`` runs (400k steps), learned as
+    well on both calibration seeds (500.0 training and greedy at 400k,
+    tests/learning_calibration.txt); it shares every part of the learner with the run
+    here, so CI does not spend its minutes on it too."""
     seed = learning_seed()
-    overrides = ("stop_at_return=null", f"eval.episodes={EVAL_EPISODES}", f"seed={seed}")
+    overrides = ("stop_at_return=null", f"eval.episodes={EVAL_EPISODES}", f"seed={seed}",
+                 f"total_frames={CARTPOLE_FRAMES}")
     with run_beside(r2d2.run, preset(tmp_path, "ff", *overrides, "agent.model.use_lstm=false"),
                     "feed-forward") as feed_forward_result:
         recurrent = r2d2.run(preset(tmp_path, "actors", *overrides, "distributed.actors=2",
