@@ -364,9 +364,9 @@ def test_serial_impala_run_on_minatar_breakout(tmp_path, monkeypatch) -> None:
 
 
 # Half the lower calibration figure, rounded down (tests/learning.py): the last 20
-# training games at 1M frames averaged 8.20 / 14.55 on seeds 100 / 101
+# training games at the test's 600k frames averaged 8.45 / 5.85 on seeds 100 / 101
 # (tests/learning_calibration.txt).
-MINATAR_BREAKOUT_TRAIN = 4.1
+MINATAR_BREAKOUT_TRAIN = 2.9
 
 
 def _random_breakout_return(episodes: int = 1000) -> float:
@@ -387,18 +387,18 @@ def _random_breakout_return(episodes: int = 1000) -> float:
 @pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_impala_beats_random_play_on_minatar_breakout(tmp_path) -> None:
-    """The MinAtar IMPALA preset with 2 actor processes, the whole 1M frames (about two
-    minutes on 2 cores), judged on the last 20 training games. Threshold:
+    """The MinAtar IMPALA preset with 2 actor processes for 600k frames (cut from 1M for
+    CI's time and calibrated at 600k), judged on the last 20 training games. Threshold:
     MINATAR_BREAKOUT_TRAIN (from seeds 100 and 101), at least four times random play too
     (0.48 measured here; the MinAtar paper gives about 0.5); runs seed 8."""
     random_return = _random_breakout_return()
     assert 0.3 < random_return < 0.7
     seed = learning_seed()
     result = impala.run(compose_preset(tmp_path, "minatar_impala", "breakout",
-                                       "env=MinAtar-Breakout", "total_frames=1000000",
+                                       "env=MinAtar-Breakout", "total_frames=600000",
                                        "eval.episodes=0", f"seed={seed}"))
     report("impala_minatar_breakout", seed, result)
-    assert result["frames"] >= 1_000_000
+    assert result["frames"] >= 600_000
     assert result["mean_return_20"] >= max(MINATAR_BREAKOUT_TRAIN, 4 * random_return), \
         result["returns"][-20:]
 
