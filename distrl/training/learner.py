@@ -280,8 +280,9 @@ class Learner:
         self.passes = passes
         self.precision = precision
         self.side = SideThread("learner-target", enabled=target_beside)
-        precision_context(precision, device or torch.device("cpu"))  # refuses a bad name now
-        warn_if_emulated(precision, device or torch.device("cpu"))
+        where = device or torch.device("cpu")
+        precision_context(precision, where)  # refuses a bad name now
+        warn_if_emulated(precision, where)
 
     @property
     def version(self) -> int:
