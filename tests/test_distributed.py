@@ -30,9 +30,9 @@ from distrl.transport.distributed import (
 
 pytestmark = pytest.mark.dist
 WORLD = 2
-# Half the lower calibration figure, rounded down (tests/learning.py): 468.7 / 455.0 on
-# seeds 100 / 101 (tests/learning_calibration.txt).
-IMPALA_RANKS_TRAIN = 220.0
+# Half the lower calibration figure, rounded down (tests/learning.py): 322.4 / 330.5 on
+# seeds 100 / 101 at 1.6M frames (tests/learning_calibration.txt).
+IMPALA_RANKS_TRAIN = 160.0
 # Half the lower calibration figure, rounded down, the mean over ranks of each one's last
 # 20 episodes at the test's 200k steps: 310.40 / 466.65 on seeds 100 / 101
 # (tests/learning_calibration.txt).
@@ -434,10 +434,11 @@ def test_replay_shards_resume_per_rank_and_a_missing_one_is_named(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_impala_learns_cartpole_with_two_learner_ranks(tmp_path):
-    """2 learner ranks, each with 32 envs in its own process, for 2.4M frames of all ranks
-    together: 1.2M per rank, the one-rank budget (an update takes one batch per rank);
-    judged on the mean over ranks of each one's last 20 episodes. Threshold:
-    IMPALA_RANKS_TRAIN (from seeds 100 and 101); runs seed 8."""
+    """2 learner ranks, each with 32 envs in its own process, for 1.6M frames of all ranks
+    together: 800k per rank (an update takes one batch per rank; the one-rank budget is
+    1.2M, cut for CI's time and calibrated at 1.6M); judged on the mean over ranks of each
+    one's last 20 episodes. Threshold: IMPALA_RANKS_TRAIN (from seeds 100 and 101); runs
+    seed 8."""
     seed = learning_seed()
     script = tmp_path / "learn.py"
     root = Path(__file__).resolve().parents[1]
@@ -447,7 +448,7 @@ def test_impala_learns_cartpole_with_two_learner_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     mean, frames = (tmp_path / "result0.txt").read_text().split()
     report("impala_two_ranks", seed, {"mean_return_20": float(mean), "frames": int(frames)})
-    assert int(frames) >= 2_400_000 and float(mean) >= IMPALA_RANKS_TRAIN
+    assert int(frames) >= 1_600_000 and float(mean) >= IMPALA_RANKS_TRAIN
 
 
 LEARN_WITH_2_RANKS = """
@@ -460,7 +461,7 @@ from test_impala import cartpole_config
 from agents import impala
 from pathlib import Path
 if __name__ == "__main__":
-    cfg = cartpole_config(Path({tmp!r}), "learn", actors=0, total_frames=2_400_000,
+    cfg = cartpole_config(Path({tmp!r}), "learn", actors=0, total_frames=1_600_000,
                           seed={seed})
     result = impala.run(cfg)
     Path({tmp!r}, "result" + os.environ["RANK"] + ".txt").write_text(

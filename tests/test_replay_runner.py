@@ -25,12 +25,14 @@ from distrl.runners.replay_learner import Prefetcher
 from distrl.runners.replay_sources import BatchSlots, rank_epsilons
 from distrl.transport.distributed import RankInfo
 
-CARTPOLE_FRAMES = 150_000  # the preset's budget: env steps of CartPole-v1
-# Half the lowest calibration figure of the two Ape-X CartPole tests, rounded down
-# (tests/learning.py): training 430.1 / 490.5 (one process) and 500.0 / 500.0 (actors) on
-# seeds 100 / 101, greedy evaluation 471.5 / 453.7 and 500.0 / 500.0
-# (tests/learning_calibration.txt).
-APEX_TRAIN, APEX_EVAL = 210.0, 220.0
+# The learning test's budget in env steps of CartPole-v1: the preset's is 150k, cut for CI's
+# time (its lr decays linearly to 0 over whichever budget runs).
+CARTPOLE_FRAMES = 100_000
+# Half the lowest calibration figure of the two Ape-X CartPole runs, rounded down
+# (tests/learning.py): training 490.7 / 462.9 (one process) and 390.1 / 195.4 (actors) on
+# seeds 100 / 101, greedy evaluation 497.1 / 473.1 and 411.1 / 184.9, at CARTPOLE_FRAMES
+# (tests/learning_calibration.txt; at the preset's 150k: 430.1 / 490.5 and 500.0 / 500.0).
+APEX_TRAIN, APEX_EVAL = 90.0, 90.0
 
 
 def preset(tmp_path, name: str, *overrides: str):
@@ -174,15 +176,16 @@ def test_a_failing_actor_process_ends_the_run_with_its_error(tmp_path, capfd):
 @pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_in_one_process_and_with_two_actor_processes(tmp_path):
-    """The whole budget, then the preset's 50 greedy episodes of the final weights, for
+    """CARTPOLE_FRAMES, then the preset's 50 greedy episodes of the final weights, for
     the preset in one process and, side by side with it, with 2 actor processes of 4 envs
     (the learner keeps the replay ratio, so what each learns does not depend on the load).
     Thresholds: APEX_TRAIN, APEX_EVAL (from seeds 100 and 101); runs seed 8."""
     seed = learning_seed()
-    with run_beside(apex.run, preset(tmp_path, "serial", f"seed={seed}"),
+    budget = f"total_frames={CARTPOLE_FRAMES}"
+    with run_beside(apex.run, preset(tmp_path, "serial", f"seed={seed}", budget),
                     "one-process") as serial_result:
         actors = apex.run(preset(tmp_path, "actors", "distributed.actors=2",
-                                 "distributed.envs_per_actor=4", f"seed={seed}"))
+                                 "distributed.envs_per_actor=4", f"seed={seed}", budget))
         serial = serial_result()
     report("apex_serial", seed, serial)
     report("apex_actors", seed, actors)

@@ -34,9 +34,11 @@ from distrl.envs import env_seed, make_envs
 from distrl.transport.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
-# Half the lowest calibration figure, rounded down (tests/learning.py): training and
-# evaluation 500.0 on seeds 100 and 101 (tests/learning_calibration.txt).
-SEED_TRAIN, SEED_EVAL = 250.0, 250.0
+# Half the lowest calibration figure, rounded down (tests/learning.py): training 490.3 /
+# 466.1 and evaluation 471.3 / 442.4 on seeds 100 / 101 at SEED_FRAMES
+# (tests/learning_calibration.txt).
+SEED_TRAIN, SEED_EVAL = 230.0, 220.0
+SEED_FRAMES = 800_000  # the learning test's budget (IMPALA's CartPole preset: 1.2M)
 T = 5  # unroll length of the server tests
 
 
@@ -478,15 +480,16 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_its_cause(tmp_path, capfd
 @pytest.mark.timeout(900)
 @pytest.mark.dist
 def test_learns_cartpole_with_two_env_worker_processes(tmp_path):
-    """SEED-IMPALA with IMPALA's CartPole settings, the whole 1.2M frames, then 20 episodes
-    of the final policy. Thresholds: SEED_TRAIN, SEED_EVAL (from seeds 100 and 101); runs
+    """SEED-IMPALA with IMPALA's CartPole settings for 800k frames (the one-process budget
+    is 1.2M, cut for CI's time and calibrated at 800k), then 20 episodes of the final
+    policy. Thresholds: SEED_TRAIN, SEED_EVAL (from seeds 100 and 101); runs
     seed 8."""
     run_seed = learning_seed()
     result = seed.run(compose_run(tmp_path, "workers", "agent=seed", "distributed.actors=2",
                                   "distributed.envs_per_actor=16", f"seed={run_seed}",
-                                  "eval.episodes=20"))
+                                  f"total_frames={SEED_FRAMES}", "eval.episodes=20"))
     report("seed_impala_workers", run_seed, result)
-    assert result["frames"] >= 1_200_000
+    assert result["frames"] >= SEED_FRAMES
     assert result["mean_return_20"] >= SEED_TRAIN, result["returns"][-20:]
     assert result["eval_return"] >= SEED_EVAL, result["eval_returns"]
 
