@@ -30,13 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from ale_speed import ale_random_fps  # noqa: E402
 
 import agents  # noqa: E402
 from distrl.config import is_auto, register_configs  # noqa: E402
@@ -122,28 +123,6 @@ def time_training(cfg, warmup_updates: int,
     cpu = (f"cpu: learner {figures.get('cpu_learner') or 0:.2f} cores, actors "
            f"{figures.get('cpu_actors') or 0:.2f}")
     return frames / span, timed / span, wait, result.get("inference_batch_mean"), cpu
-
-
-def ale_random_fps(
-    game: str, num_envs: int, threads: int, frame_skip: int, seconds: float = 10.0
-) -> float:
-    """Frames/s of ale-py's AtariVectorEnv alone, random actions, DeepMind preprocessing."""
-    from ale_py.vector_env import AtariVectorEnv
-
-    env = AtariVectorEnv(game, num_envs, num_threads=threads, frameskip=frame_skip,
-                         reward_clipping=False, autoreset_mode="SameStep")
-    rng = np.random.default_rng(0)
-    n_actions = env.single_action_space.n
-    env.reset(seed=0)
-    for _ in range(20):
-        env.step(rng.integers(0, n_actions, num_envs, dtype=np.int32))
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        env.step(rng.integers(0, n_actions, num_envs, dtype=np.int32))
-        steps += num_envs
-    elapsed = time.perf_counter() - start
-    env.close()
-    return steps * frame_skip / elapsed
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ are the summary's own.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,18 @@ from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, run_time
 from grid_plan import Run, run_overrides
 from report_cells import seeds_text
 from report_throughput import duration
-from suite import ATARI, CARRY, EPISODES, GRID, SUMMARY, SuiteSpec, curve_at, read_json, run_name
+from suite import (
+    ATARI,
+    CARRY,
+    EPISODES,
+    GRID,
+    SUMMARY,
+    SuiteSpec,
+    curve_at,
+    read_attempts,
+    read_json,
+    run_name,
+)
 from suite_runs import RunResult, Suite, frames
 
 BEGIN, END = "<!-- atari-results:start -->", "<!-- atari-results:end -->"
@@ -36,6 +47,8 @@ class AtariRun:
     result: RunResult
     episodes: Episodes | None  # (frames, raw return, wall time) per episode
     reach: list[dict]  # curve.reach_record's, one per level; [] when nothing tells
+    # ale-py's frames/s alone where each attempt ran (reproduce.py's ale_alone records)
+    ale: list[dict] = field(default_factory=list)
 
     @property
     def fps(self) -> float | None:
@@ -62,19 +75,35 @@ def episodes_of(run_dir: Path) -> Episodes | None:
     return None
 
 
+def ale_records(run_dir: Path) -> list[dict]:
+    """ale-py alone where each attempt ran, as ``reproduce.py`` timed it: an ended run's
+    summary.json lists every attempt's; a run still going has them in its attempt lines,
+    in its directory or its carry. Attempts made before reproduce.py timed it have none."""
+    summary = read_json(run_dir / SUMMARY)
+    if isinstance(summary, dict) and "ale_alone" in summary:
+        return list(summary["ale_alone"])
+    for where in (run_dir, run_dir / CARRY):
+        lines = read_attempts(where)
+        if lines:
+            return [line["ale_alone"] for line in lines if line.get("ale_alone")]
+    return []
+
+
 def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> AtariRun:
-    """``result`` with its episodes (read from ``run_dir``) and the reach figures of each
-    level: from the episodes, else from its summary.json's ``reach``."""
+    """``result`` with its episodes (read from ``run_dir``), the reach figures of each
+    level (from the episodes, else from its summary.json's ``reach``) and its ale-py
+    timings."""
+    ale = ale_records(run_dir)
     episodes = episodes_of(run_dir) if run_dir.is_dir() else None
     if episodes is not None:
-        return AtariRun(result, episodes, reach_record(*episodes, levels))
+        return AtariRun(result, episodes, reach_record(*episodes, levels), ale)
     summary = read_json(run_dir / SUMMARY)
     kept = ((summary.get("reach") or {}).get("levels", []) if isinstance(summary, dict)
             else [])
     by_level = {float(figure["level"]): figure for figure in kept}
     reach = [by_level.get(float(level), {"level": float(level), "frames": None,
                                          "run_time_s": None}) for level in levels]
-    return AtariRun(result, None, reach if kept else [])
+    return AtariRun(result, None, reach if kept else [], ale)
 
 
 def atari_runs(suite: Suite, suite_dir: Path, levels: list[float]
@@ -141,6 +170,26 @@ def eval_texts(runs: list[AtariRun]) -> tuple[str, str]:
     return per_seed, mean
 
 
+def ale_text(runs: list[AtariRun]) -> str:
+    """ale-py's frames/s alone where each seed ran: ``s0 6,120 (AMD EPYC, 2 cores)``, a
+    range and each machine where its attempts ran on several, ``s1 not timed`` where no
+    attempt was timed (runs before reproduce.py timed it)."""
+    cells = []
+    for run in runs:
+        figures = [float(a["frames_per_s"]) for a in run.ale]
+        name = f"s{run.result.seed}"
+        if run.result.status == "missing":
+            cells.append(f"{name} missing")
+        elif not figures:
+            cells.append(f"{name} not timed")
+        else:
+            low, high = min(figures), max(figures)
+            value = f"{low:,.0f}" if round(low) == round(high) else f"{low:,.0f}-{high:,.0f}"
+            machines = "; ".join(dict.fromkeys(str(a["machine"]) for a in run.ale))
+            cells.append(f"{name} {value} ({machines})")
+    return "; ".join(cells)
+
+
 SEED_PLACEHOLDER = "<s>"
 
 
@@ -173,11 +222,13 @@ def markdown(sources: Sources, title: str, levels: list[float], spec: SuiteSpec 
         "when the run was stopped), as `benchmarks/curve.py --reach` finds them. Eval "
         "return: `eval/return_mean` of the final policy; the mean is over the finished seeds. "
         "Frames/s: env frames per second of run time from the first episode to the last, "
-        "median over the seeds with episodes.",
+        "median over the seeds with episodes. ale-py alone: frames/s of ale-py's vector env "
+        "with random actions on the machine each seed ran on, timed by "
+        "`benchmarks/reproduce.py` before its runs started (`benchmarks/ale_speed.py`).",
         "",
         f"| game | agent | preset | seeds | {heads} | eval return per seed "
-        "| eval return, mean | frames/s, median | command |",
-        "|---|---|---|---:|" + "---|" * len(levels) + "---|---:|---:|---|",
+        "| eval return, mean | frames/s, median | ale-py alone, frames/s | command |",
+        "|---|---|---|---:|" + "---|" * len(levels) + "---|---:|---:|---|---|",
     ]
     for (agent, game), pairs in merged_runs(sources, levels).items():
         runs = [run for run, _ in pairs]
@@ -192,7 +243,7 @@ def markdown(sources: Sources, title: str, levels: list[float], spec: SuiteSpec 
             for directory in dict.fromkeys(d for _, d in pairs)))
         command = "; ".join(c for c in commands if c is not None) or "—"
         lines.append(f"| {game} | {agent} | {preset} | {done}/{len(runs)} | {reach} | "
-                     f"{per_seed} | {mean} | {fps} | {command} |")
+                     f"{per_seed} | {mean} | {fps} | {ale_text(runs)} | {command} |")
     return "\n".join(lines) + "\n"
 
 

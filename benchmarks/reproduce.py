@@ -49,8 +49,10 @@ frames and run time at the first episode where the mean of the last 20 episodes 
 as ``curve.py --reach`` finds them (run time: wall time since the first episode less every
 gap over 5 minutes), or None where it never did. An Atari run also keeps every episode's
 frames, raw return and wall time in ``episodes.csv`` beside its ``summary.json`` (``curve.py
---csv``'s file; a few thousand episodes on Pong). The exit code is 1 when a run failed, and
-the last line lists the failed runs.
+--csv``'s file; a few thousand episodes on Pong), and, for each attempt, ale-py's frames/s
+alone on the machine it ran on (``ale_alone``: timed by ``ale_speed.py`` for
+``--ale-seconds`` on each game before the invocation's first run starts). The exit code
+is 1 when a run failed, and the last line lists the failed runs.
 
 ``--archive DIR`` (the MinAtar suite of docs/results.md uses ``results/minatar/suite``, which is
 committed)
@@ -92,6 +94,7 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import carry  # noqa: E402
+from ale_speed import ale_alone  # noqa: E402
 from attempt_record import read_episodes, summarise, write_episodes  # noqa: E402
 from grid_plan import (  # noqa: E402
     Run,
@@ -165,6 +168,9 @@ class Grid:
         self.stop_at = began + 60.0 * args.stop_after if args.stop_after is not None \
             else float("inf")
         self.start_window_closed = False
+        # ale-py alone on each game, timed once before the first run starts (--ale-seconds)
+        self.ale: dict[str, Any] | None = None
+        self.ale_timed = False
 
     def on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_signal:  # a second Ctrl-C: now
@@ -251,6 +257,9 @@ class Grid:
             if restored is not None:
                 print(f"[reproduce] {run.name}: {restored}", flush=True)
                 state = "resume"
+        if not self.ale_timed:  # before the first run starts: nothing else on the cores
+            self.ale_timed = True
+            self.ale = time_ale(self.args, [run, *self.pending])
         attempt = next_attempt(run.run_dir)
         resumed = state == "resume"
         # A new attempt: a failed one's summary.json stays in summary.jsonl and attempts.jsonl.
@@ -311,9 +320,13 @@ class Grid:
         # attempts started without reproduce.py (by hand): their wall time is in no record,
         # so wall_s_total and fps leave them out
         record["unrecorded_attempts"] = child.attempt - 1 - len(previous)
+        ale = self.ale_of(run.game, child.attempt)
+        record["ale_alone"] = [*(a["ale_alone"] for a in previous if a.get("ale_alone")),
+                               *([ale] if ale is not None else [])]
         append_line(run.run_dir / ATTEMPTS, {
-            key: record[key] for key in ("attempt", "status", "exit_code", "resumed", "wall_s",
-                                         "frames", "started", "command")})
+            **{key: record[key] for key in ("attempt", "status", "exit_code", "resumed",
+                                            "wall_s", "frames", "started", "command")},
+            "ale_alone": ale})
         append_line(self.args.out / "summary.jsonl", record)
         if status != "stopped":
             kept = [run.run_dir, *([self.args.archive / run.name]
@@ -340,6 +353,13 @@ class Grid:
             f"final return {final:.2f} (last {record['final_return_episodes']} episodes)")
         print(f"[reproduce] {status} {run.name}: {describe_exit(code)}, {wall:.0f} s, "
               f"{record['frames'] or 0:,} frames, {shown}", flush=True)
+
+    def ale_of(self, game: str, attempt: int) -> dict[str, Any] | None:
+        """This invocation's ale-py figure for ``game``, as an attempt's record keeps it."""
+        if self.ale is None or game not in self.ale["frames_per_s"]:
+            return None
+        return {**{k: v for k, v in self.ale.items() if k != "frames_per_s"},
+                "frames_per_s": self.ale["frames_per_s"][game], "attempt": attempt}
 
     def abort(self) -> None:
         """On an error of reproduce.py itself: leave no run behind."""
@@ -369,6 +389,20 @@ class Grid:
                 self.deadline = float("inf")
             if self.running:
                 time.sleep(0.1)
+
+
+def time_ale(args: argparse.Namespace, runs: list[Run]) -> dict[str, Any] | None:
+    """ale-py alone on each game of ``runs`` (``ale_speed.ale_alone``), for an Atari grid
+    with ``--ale-seconds`` above 0; printed, and None otherwise."""
+    if args.suite != "atari" or args.ale_seconds == 0:
+        return None
+    games = list(dict.fromkeys(run.game for run in runs))
+    figures = ale_alone(games, args.ale_seconds)
+    print(f"[reproduce] ale-py alone on {figures['machine']} ({figures['envs']} envs, "
+          f"{figures['threads']} threads, random actions, {args.ale_seconds:g} s each): "
+          + ", ".join(f"{game} {fps:,.0f} frames/s"
+                      for game, fps in figures["frames_per_s"].items()), flush=True)
+    return figures
 
 
 def lost_line(run: Run, archive: Path | None) -> str:
@@ -436,6 +470,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reach", type=float, nargs="*", metavar="RETURN",
                         help="levels of the 20-episode mean return: each record keeps the "
                              f"frames and run time to the first reaching (default {defaults})")
+    parser.add_argument("--ale-seconds", type=float, default=5.0, metavar="S",
+                        help="--suite atari: before the first run starts, time ale-py alone "
+                             "on each game for S seconds (random actions, every core) and "
+                             "keep the figure and the machine's name in each attempt's "
+                             "record, for the report; 0: not timed")
     parser.add_argument("--stop-timeout", type=float, default=300.0,
                         help="seconds a stopped run may take to checkpoint before SIGKILL")
     parser.add_argument("--no-start-after", type=float, metavar="MINUTES",
@@ -447,6 +486,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.frames < 1:
         parser.error("--jobs and --frames must be positive")
+    if not args.ale_seconds >= 0:
+        parser.error(f"--ale-seconds must be a number of seconds >= 0, got {args.ale_seconds}")
     for name in ("no_start_after", "stop_after"):
         if getattr(args, name) is not None and not getattr(args, name) >= 0:
             parser.error(f"--{name.replace('_', '-')} must be a number of minutes >= 0, "

@@ -35,6 +35,24 @@ import suite_runs  # noqa: E402
 import suite_stats  # noqa: E402
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_run.py'}"
+TEST_MACHINE = "Test CPU, 2 cores"
+
+
+@pytest.fixture(autouse=True)
+def ale_timings(monkeypatch) -> list[tuple[list[str], float]]:
+    """reproduce.py's timing of ale-py alone (``ale_speed.ale_alone``, whose own test is
+    tests/test_ale_speed.py), replaced so that an Atari grid here starts at once: each call
+    is recorded, and every game runs at 6,000 frames/s on ``TEST_MACHINE``."""
+    calls: list[tuple[list[str], float]] = []
+
+    def timed(games: list[str], seconds: float) -> dict:
+        calls.append((list(games), seconds))
+        return {"machine": TEST_MACHINE, "measured": "2026-11-29T08:00:00", "envs": 64,
+                "threads": 2, "seconds": seconds,
+                "frames_per_s": {game: 6000.0 for game in games}}
+
+    monkeypatch.setattr(reproduce, "ale_alone", timed)
+    return calls
 
 
 def make_run(root: Path, agent: str, game: str, seed: int, returns: list[float],
@@ -1059,6 +1077,7 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
         "s0 15.5M frames, 2h00m; s1 16.0M frames, 2h04m; s2 missing",
         "s0 20.0M frames, 2h32m; s1 not reached; s2 missing",
         "s0 20.3, s1 19.7, s2 —", "20.0 (2 seeds)", "2,111",
+        "s0 not timed; s1 not timed; s2 missing",
         "`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
         "total_frames=20000000 stop_at_return=19`"]
     assert row_of(table, "Pong", "impala")[3:9] == [
@@ -1144,10 +1163,10 @@ def test_one_pong_table_pools_each_agents_seeds_over_several_archives(tmp_path, 
     appo = row_of(table, "Pong", "appo")
     assert appo[3] == "3/3"
     assert appo[6:8] == ["s0 20.0, s1 19.0, s2 -20.0", "6.3 (3 seeds)"]
-    assert appo[9] == ("`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
-                       "total_frames=20000000 stop_at_return=19`; `python run.py "
-                       "+experiment=atari_short_appo env.id=Pong seed=<s> total_frames=20000000 "
-                       "distributed.learner_threads=1`")
+    assert appo[10] == ("`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
+                        "total_frames=20000000 stop_at_return=19`; `python run.py "
+                        "+experiment=atari_short_appo env.id=Pong seed=<s> "
+                        "total_frames=20000000 distributed.learner_threads=1`")
     assert row_of(table, "Pong", "impala")[3] == "1/2"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     write_atari_run(grid(tmp_path / "again", ["appo"], [1], []), "appo", 1, "finished",
@@ -1261,3 +1280,62 @@ def test_a_checkpoint_over_the_limit_is_not_carried(tmp_path, monkeypatch, capsy
                                     str(archive), agents=("impala",), seeds=("0",))) == 0
     assert "(over 0 MiB, a replay inside?); it resumes only from" in capsys.readouterr().out
     assert not (archive / "impala-Breakout-s0" / carry.CARRY).exists()
+
+
+# ---------------------------------------------------------------- ale-py alone, per attempt
+
+
+def test_ale_py_is_timed_once_before_the_first_run_and_kept_with_every_attempt(
+        tmp_path, monkeypatch, capsys, ale_timings):
+    """An Atari grid times ale-py alone on its games once, before its first run starts,
+    and each attempt's record keeps the figure of the invocation that ran it: a run
+    resumed by a second invocation (another machine) lists both, attempt by attempt, and
+    the report shows each seed's range and machines."""
+    atari_presets(tmp_path, monkeypatch, "appo")
+    out = tmp_path / "pong"
+    monkeypatch.setenv("FAKE_FAIL", "appo-Pong-s1")  # stops halfway, checkpointed
+    assert reproduce.main(atari_args(out, seeds=("1", "2"))) == 1
+    assert ale_timings == [(["Pong"], 5.0)]
+    assert ("[reproduce] ale-py alone on Test CPU, 2 cores (64 envs, 2 threads, random "
+            "actions, 5 s each): Pong 6,000 frames/s") in capsys.readouterr().out
+    first = {"machine": TEST_MACHINE, "measured": "2026-11-29T08:00:00", "envs": 64,
+             "threads": 2, "seconds": 5.0, "frames_per_s": 6000.0, "attempt": 1}
+    done = json.loads((out / "appo-Pong-s2" / suite.SUMMARY).read_text())
+    assert done["ale_alone"] == [first]
+    monkeypatch.delenv("FAKE_FAIL")
+
+    def elsewhere(games: list[str], seconds: float) -> dict:
+        return {**first, "machine": "Other CPU, 16 cores", "seconds": seconds,
+                "frames_per_s": {game: 20000.0 for game in games}}
+
+    monkeypatch.setattr(reproduce, "ale_alone", elsewhere)
+    assert reproduce.main(atari_args(out, "--ale-seconds", "2", seeds=("1", "2"))) == 0
+    resumed = json.loads((out / "appo-Pong-s1" / suite.SUMMARY).read_text())
+    assert resumed["attempt"] == 2 and [a["attempt"] for a in resumed["ale_alone"]] == [1, 2]
+    assert [a["frames_per_s"] for a in resumed["ale_alone"]] == [6000.0, 20000.0]
+    assert resumed["ale_alone"][1]["seconds"] == 2.0
+    lines = suite.read_attempts(out / "appo-Pong-s1")
+    assert [line["ale_alone"]["machine"] for line in lines] == [TEST_MACHINE,
+                                                                "Other CPU, 16 cores"]
+    report.main([str(out)])
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    assert row[-2] == ("s1 6,000-20,000 (Test CPU, 2 cores; Other CPU, 16 cores); "
+                       "s2 6,000 (Test CPU, 2 cores)")
+
+
+def test_ale_py_is_not_timed_with_ale_seconds_0_nor_for_minatar(tmp_path, monkeypatch,
+                                                                 ale_timings, capsys):
+    assert reproduce.main(grid_args(tmp_path / "minatar", agents=("apex",))) == 0
+    atari_presets(tmp_path, monkeypatch, "appo")
+    assert reproduce.main(atari_args(tmp_path / "pong", "--ale-seconds", "0")) == 0
+    summary = json.loads((tmp_path / "pong" / "appo-Pong-s1" / suite.SUMMARY).read_text())
+    assert summary["ale_alone"] == []
+    assert ale_timings == [] and "ale-py alone" not in capsys.readouterr().out
+    report.main([str(tmp_path / "pong")])
+    assert row_of(capsys.readouterr().out, "Pong", "appo")[-2] == "s1 not timed"
+
+
+def test_a_negative_ale_seconds_is_refused_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        reproduce.main(atari_args(tmp_path / "pong", "--ale-seconds", "-1"))
+    assert "--ale-seconds must be a number of seconds >= 0, got -1.0" in capsys.readouterr().err
