@@ -30,8 +30,8 @@ from distrl.run.checkpoint import load
 from distrl.types import SequenceSample
 
 # The learning test's budget, env steps of CartPoleNoVelocity-v1: the preset's 400k cut to
-# 250k for CI's time, calibrated at 250k (the linear lr schedule spans it).
-CARTPOLE_FRAMES = 250_000
+# 200k for CI's time, calibrated at 200k (the linear lr schedule spans it).
+CARTPOLE_FRAMES = 200_000
 
 
 def small_model(seed: int = 0, use_lstm: bool = True) -> RecurrentDuelingQNet:
@@ -309,11 +309,11 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
 
 
 EVAL_EPISODES = 50  # greedy episodes of the final weights, one per fresh env
-# Half the lowest calibration figure, rounded down (tests/learning.py), at the test's 250k
-# steps: with actors, training 485.55 / 422.80 and greedy evaluation 481.96 / 440.64 on
-# seeds 100 / 101; the feed-forward control scored 113.82 and 113.86 greedy, so it must
+# Half the lowest calibration figure, rounded down (tests/learning.py), at the test's 200k
+# steps: with actors, training 416.35 / 332.95 and greedy evaluation 409.88 / 323.50 on
+# seeds 100 / 101; the feed-forward control scored 116.68 and 102.18 greedy, so it must
 # stay below the recurrent agent's threshold (tests/learning_calibration.txt).
-R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 210.0
+R2D2_TRAIN = R2D2_EVAL = FEED_FORWARD_EVAL_BELOW = 160.0
 
 
 @pytest.mark.slow
