@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 
-FRAME_SKIP = 4  # the Atari presets' env.frame_skip
-
 
 def machine_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and core count, e.g. ``AMD EPYC, 2 cores``."""
@@ -57,17 +55,19 @@ def ale_random_fps(
 
 def ale_alone(games: list[str], seconds: float) -> dict[str, Any]:
     """ale-py alone on each of ``games`` (ALE names, e.g. ``Pong``) for ``seconds`` each,
-    as many envs as sizing gives one actor on 2 cores (two groups), on every core: the
-    record ``reproduce.py`` keeps with each attempt."""
+    as many envs as sizing gives one actor on 2 cores (two groups), on every core, with
+    the env's default frame skip: the record ``reproduce.py`` keeps with each attempt."""
+    from distrl.config import EnvConfig
     from distrl.envs import atari_rom
     from distrl.training.sizing import ATARI_ENVS_PER_GROUP
 
-    envs, threads = 2 * ATARI_ENVS_PER_GROUP, os.cpu_count() or 1
+    envs, threads, frame_skip = 2 * ATARI_ENVS_PER_GROUP, os.cpu_count() or 1, \
+        EnvConfig().frame_skip
     figures = {}
     for game in games:
         rom = atari_rom(game)
         if rom is None:
             raise ValueError(f"{game!r} names no ALE ROM")
-        figures[game] = round(ale_random_fps(rom, envs, threads, FRAME_SKIP, seconds), 1)
+        figures[game] = round(ale_random_fps(rom, envs, threads, frame_skip, seconds), 1)
     return {"machine": machine_name(), "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "envs": envs, "threads": threads, "seconds": seconds, "frames_per_s": figures}

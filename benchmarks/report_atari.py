@@ -75,11 +75,11 @@ def episodes_of(run_dir: Path) -> Episodes | None:
     return None
 
 
-def ale_records(run_dir: Path) -> list[dict]:
+def ale_records(run_dir: Path, summary: object) -> list[dict]:
     """ale-py alone where each attempt ran, as ``reproduce.py`` timed it: an ended run's
-    summary.json lists every attempt's; a run still going has them in its attempt lines,
-    in its directory or its carry. Attempts made before reproduce.py timed it have none."""
-    summary = read_json(run_dir / SUMMARY)
+    ``summary`` (its summary.json) lists every attempt's; a run still going has them in its
+    attempt lines, in its directory or its carry. Attempts made before reproduce.py timed
+    it have none."""
     if isinstance(summary, dict) and "ale_alone" in summary:
         return list(summary["ale_alone"])
     for where in (run_dir, run_dir / CARRY):
@@ -93,11 +93,11 @@ def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> Ata
     """``result`` with its episodes (read from ``run_dir``), the reach figures of each
     level (from the episodes, else from its summary.json's ``reach``) and its ale-py
     timings."""
-    ale = ale_records(run_dir)
+    summary = read_json(run_dir / SUMMARY)
+    ale = ale_records(run_dir, summary)
     episodes = episodes_of(run_dir) if run_dir.is_dir() else None
     if episodes is not None:
         return AtariRun(result, episodes, reach_record(*episodes, levels), ale)
-    summary = read_json(run_dir / SUMMARY)
     kept = ((summary.get("reach") or {}).get("levels", []) if isinstance(summary, dict)
             else [])
     by_level = {float(figure["level"]): figure for figure in kept}
