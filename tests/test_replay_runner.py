@@ -10,6 +10,7 @@ import pytest
 import torch
 from learning import learning_seed, report, run_beside
 from presets import compose_preset
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agents import apex
 from distrl.acting.actor import ActorStats
@@ -126,6 +127,23 @@ def test_one_process_holds_the_replay_ratio(tmp_path):
     assert result["sampled"] == trained + 64
     assert trained <= 2.0 * result["inserted"]
     assert trained >= 2.0 * (result["inserted"] - 1000 - 8 * 16) - 64
+
+
+def test_the_logged_replay_ratio_is_the_one_held_not_the_last_reports(tmp_path):
+    """An insert is a slot of envs x actor_buffer transitions (8 x 16 here), which pays
+    for two updates of 64 at ratio 2, so at 20 reports a second most reports see no insert.
+    ``replay/ratio`` is the ratio held since learning started, sampled (the prefetched
+    batch included) per transition inserted from then: near 2 at the end, and never the
+    hundreds a report without an insert would read as a ratio of that report alone."""
+    cfg = preset(tmp_path, "ratio_log", "total_frames=6000", "agent.replay_ratio=2.0")
+    cfg.log.tensorboard, cfg.log.interval_s = True, 0.05
+    result = apex.run(cfg)
+    events = EventAccumulator(str(result["run_dir"]), size_guidance={"scalars": 0})
+    events.Reload()
+    ratios = [e.value for e in events.Scalars("replay/ratio")]
+    assert len(ratios) >= 10
+    assert 1.9 <= ratios[-1] <= 2.1
+    assert max(ratios) <= 3.0, ratios
 
 
 def test_resume_with_the_replay_continues_bit_exactly(tmp_path):

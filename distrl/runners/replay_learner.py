@@ -142,14 +142,18 @@ class ReplayInserts:
         self.frames_per_step = frames_per_step
         self.logger: MetricLogger | None = None  # set when the run starts
         self.seconds = 0.0  # spent inserting, this run
+        self.credited = 0  # items inserted, this run, once the replay held learning_starts
 
     def __call__(self, batch: ReplayBatch, priorities: torch.Tensor) -> None:
         start = time.perf_counter()
         self.prefetcher.settle()
         self.replay.add(batch, priorities)
         self.counters["frames"] += batch.env_steps * self.frames_per_step
-        if len(self.replay) >= self.parts.replay.learning_starts and self.replay_ratio > 0:
-            self.counters["update_credit"] += self.replay_ratio * batch.size / self.parts.batch_size
+        if len(self.replay) >= self.parts.replay.learning_starts:
+            self.credited += batch.size
+            if self.replay_ratio > 0:
+                self.counters["update_credit"] += (self.replay_ratio * batch.size
+                                                   / self.parts.batch_size)
         self.logger.add("replay/inserted_per_batch", batch.size)
         self.seconds += time.perf_counter() - start
 
@@ -283,7 +287,11 @@ class ReplayFeed(loop.RankFrameBudget):
             "learner/replay_wait_fraction": self.replay_wait_s / max(self.learner_s, 1e-9),
         }
         self.replay_wait_s = self.learner_s = 0.0
-        return scalars, {"replay/size": len(replay), "replay/ratio": sampled / max(inserted, 1)}
+        # The ratio held so far, not this report's: actors insert in bursts (a slot of
+        # envs x actor_buffer items at a time), so a report without an insert would read
+        # as its whole sample count.
+        held = (replay.sampled - self._start[2]) / max(self.inserts.credited, 1)
+        return scalars, {"replay/size": len(replay), "replay/ratio": held}
 
     def throughput(self, span_s: float) -> dict[str, float]:
         """Items sampled and inserted since the last call, and the frames' worth the learner
