@@ -83,6 +83,46 @@ def test_apex_loss_priorities_and_target_copies():
     assert loss_fn(model, batch)[2][0].item() == pytest.approx(1 + 0.5 * 9.0 - 1)
 
 
+def test_apex_loss_selects_with_the_online_net_and_evaluates_with_the_target():
+    """Double Q inside the loss: once the online net changes its mind at s' = 2 (from
+    action 0 to 1) before the target's next copy, the target values the online choice."""
+    model = TableQ(torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]]))
+    loss_fn = ApexLoss(model, target_update_interval=10)
+    batch = SampleBatch(
+        indices=torch.tensor([0]), observations=torch.tensor([[0.0]]),
+        actions=torch.tensor([1]), returns=torch.tensor([1.0]),
+        discounts=torch.tensor([0.5]), next_observations=torch.tensor([[2.0]]),
+        weights=torch.tensor([1.0]),
+    )
+    loss_fn(model, batch)  # call 0 copies [5, -1] into the target
+    with torch.no_grad():
+        model.table[2] = torch.tensor([0.0, 9.0])
+    # argmax online = 1; the stale target's value of it is -1: G = 1 + 0.5 * -1 = 0.5,
+    # TD = 0.5 - Q(0, 1) = -0.5. (The target's own max would give 2.5, the online
+    # net's value of its choice 4.5.)
+    assert loss_fn(model, batch)[2].tolist() == pytest.approx([0.5])
+
+
+def test_apex_loss_uses_its_huber_delta():
+    # TD errors 2.5 and 0 (the batch of the test above it): huber with delta 2 is
+    # 2 * (2.5 - 1) = 3 for the first; weights 1 and 0.5, mean over 2.
+    model = TableQ(torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]]))
+    batch = SampleBatch(
+        indices=torch.tensor([0, 1]), observations=torch.tensor([[0.0], [1.0]]),
+        actions=torch.tensor([1, 0]), returns=torch.tensor([1.0, 2.0]),
+        discounts=torch.tensor([0.5, 0.0]), next_observations=torch.tensor([[2.0], [0.0]]),
+        weights=torch.tensor([1.0, 0.5]),
+    )
+    loss, _, priorities = ApexLoss(model, target_update_interval=2, huber_delta=2.0)(model, batch)
+    assert priorities.tolist() == pytest.approx([2.5, 0.0])
+    assert loss.item() == pytest.approx(1.5)
+    td = torch.tensor([0.5, -3.0, 2.0])
+    weights = torch.tensor([1.0, 0.5, 0.25])
+    # delta 2: 0.125; 2 * (3 - 1) = 4; 0.5 * 2^2 = 2
+    assert losses.weighted_huber_loss(td, weights, delta=2.0).item() == pytest.approx(
+        (0.125 + 0.5 * 4.0 + 0.25 * 2.0) / 3)
+
+
 def test_target_pass_in_a_worker_thread_changes_no_number(intra_op_threads):
     """On CPU the target network's forward pass runs in a worker thread beside the online
     ones; loss, priorities and gradients are bit for bit those of the one-thread order."""
