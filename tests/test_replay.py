@@ -227,6 +227,30 @@ def test_beta_anneals_linearly():
     assert PrioritizedSampler(10, beta=0.4).current_beta() == 0.4
 
 
+def test_each_draw_advances_beta_and_its_weights_use_it():
+    """Priorities 1 and 3 (alpha 1): P = 1/4, 3/4, N = 2, so w = (2 P)^-beta is 2^beta and
+    (2/3)^beta before the batch's largest divides them. A batch of 8 stratified draws holds
+    both items. beta goes 0 -> 1 over 2 draws, each draw's weights taking the beta of the
+    draws before it: 0, then 0.5, then 1."""
+    sampler = PrioritizedSampler(2, alpha=1.0, beta=0.0, beta_final=1.0, beta_steps=2,
+                                 epsilon=0.0)
+    sampler.add(torch.arange(2), torch.tensor([1.0, 3.0]))
+    for draws, beta in ((0, 0.0), (1, 0.5), (2, 1.0)):
+        assert sampler.samples == draws
+        ids, weights = sampler.sample(8, (0, 2), torch.Generator().manual_seed(draws))
+        assert ids.bincount(minlength=2).tolist() == [2, 6]
+        want = {0: 1.0, 1: (1 / 3) ** beta}  # 2^beta / 2^beta and (2/3)^beta / 2^beta
+        assert weights.tolist() == pytest.approx([want[i] for i in ids.tolist()])
+    assert sampler.samples == 3
+
+
+def test_epsilon_is_added_to_every_positive_priority_before_the_exponent():
+    sampler = PrioritizedSampler(4, alpha=0.5, epsilon=0.5)
+    sampler.add(torch.arange(3), torch.tensor([1.5, 0.0, 3.5]))
+    # (1.5 + 0.5)^0.5, priority 0 stays 0 (never drawn), (3.5 + 0.5)^0.5
+    assert sampler.tree.priorities()[:3].tolist() == pytest.approx([2 ** 0.5, 0.0, 2.0])
+
+
 def test_uniform_sampler_draws_only_live_ids_evenly():
     capacity = 25
     buffer = _buffer(capacity, UniformSampler(capacity), frame_capacity=200)
