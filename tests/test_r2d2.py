@@ -25,6 +25,7 @@ from agents.r2d2 import (
 )
 from distrl.config import ConfigError
 from distrl.nets.models import RecurrentDuelingQNet
+from distrl.rl import losses
 from distrl.rl.losses import value_rescale
 from distrl.run.checkpoint import load
 from distrl.types import SequenceSample
@@ -186,6 +187,31 @@ def test_loss_priorities_are_the_eta_mix_of_the_masked_td_errors():
     weighted = (batch.weights * 0.5 * td.square()).sum() / 4  # summed over steps
     assert value.item() == pytest.approx(weighted.item(), rel=1e-5)
     assert "r2d2/q_staleness_first" in metrics  # measured on the first call
+
+
+def test_the_target_is_the_weights_of_the_last_copy_every_interval_calls():
+    """target_update_interval 2: call 0 copies the weights, call 1 still bootstraps from
+    that copy after the online weights moved, call 2 copies again."""
+    model, batch = small_model(), random_sample(length=9)
+    loss = R2D2Loss(model, target_update_interval=2, burn_in=2, trace_length=5, n_step=2,
+                    discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
+
+    def mixed(td: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return losses.sequence_priorities(td.abs(), mask, 0.9)
+
+    def expected(online: torch.nn.Module, target: torch.nn.Module) -> torch.Tensor:
+        return mixed(*sequence_td_errors(unroll(online, batch, 2), unroll(target, batch, 2),
+                                         batch, 2, 5, 2, 0.9, 1e-3))
+
+    with torch.no_grad():
+        loss(model, batch)
+        copied = copy.deepcopy(model)
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+        stale, fresh = expected(model, copied), expected(model, model)
+        assert not torch.allclose(stale, fresh, rtol=1e-3)  # the two targets are told apart
+        assert loss(model, batch)[2] == pytest.approx(stale, rel=1e-5)
+        assert loss(model, batch)[2] == pytest.approx(fresh, rel=1e-5)
 
 
 def test_target_unroll_in_a_worker_thread_changes_no_number(monkeypatch, intra_op_threads):
