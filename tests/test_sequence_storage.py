@@ -10,11 +10,18 @@ from distrl.replay.samplers import PrioritizedSampler
 from distrl.replay.sequence_storage import SequenceStorage
 from distrl.replay.sequence_writer import SequenceWriter
 
+STEP_FIELDS = ("observations", "prev_actions", "prev_rewards", "actions", "rewards",
+               "terminated", "valid")
+
+
+STATE_FIELDS = ("stored_state", "start_state")
+
 
 def run_streams(storage: SequenceStorage, steps: int, seed: int = 0,
-                check_every_add: bool = True) -> dict[int, torch.Tensor]:
+                check_every_add: bool = True) -> dict[int, dict[str, torch.Tensor]]:
     """Two writers (streams), two envs each, stacks of 2 frames whose bytes are unique;
-    random episode ends. Returns {storage id: observations the writer saw}."""
+    random episode ends; actions, rewards and recurrent states that differ by step and
+    env. Returns {storage id: every field of the sequence as its writer made it}."""
     generator = torch.Generator().manual_seed(seed)
     writers = [SequenceWriter(2, burn_in=3, trace_length=4, period=2, bootstrap=2,
                               frame_stack=2, stream=s) for s in range(2)]
@@ -31,7 +38,7 @@ def run_streams(storage: SequenceStorage, steps: int, seed: int = 0,
         first = new_frames(4).view(2, 2, 3)
         writer.begin(first, (torch.zeros(2, 1),))
         observations.append(first)
-    expected: dict[int, torch.Tensor] = {}
+    expected: dict[int, dict[str, torch.Tensor]] = {}
     for t in range(steps):
         for s, writer in enumerate(writers):
             ended = torch.rand(2, generator=generator) < 0.08
@@ -39,28 +46,35 @@ def run_streams(storage: SequenceStorage, steps: int, seed: int = 0,
             if ended.any():
                 nxt[ended] = new_frames(int(ended.sum()) * 2).view(-1, 2, 3)
             observations[s] = nxt
-            writer.add(torch.zeros(2, dtype=torch.int64), torch.ones(2), nxt, ended,
-                       torch.zeros(2, dtype=torch.bool), (torch.full((2, 1), float(t)),))
+            writer.add(torch.tensor([t % 2, (t + 1) % 3]), torch.tensor([float(t), -t / 2]),
+                       nxt, ended, torch.zeros(2, dtype=torch.bool),
+                       (torch.tensor([[float(t)], [t + 0.5]]),))
             if t % 5 == 4:
                 batch = writer.flush()
                 if batch is None:
                     continue
-                seen = writer.as_sample(batch).observations
+                seen = writer.as_sample(batch)
                 ids, _ = storage.add(batch)
                 for k, sequence_id in enumerate(ids.tolist()):
                     if sequence_id >= 0:
-                        expected[sequence_id] = seen[:, k]
+                        expected[sequence_id] = {
+                            name: (getattr(seen, name)[k] if name in STATE_FIELDS
+                                   else getattr(seen, name)[:, k])
+                            for name in (*STEP_FIELDS, *STATE_FIELDS)}
                 if check_every_add:
                     check_live(storage, expected)
     return expected
 
 
-def check_live(storage: SequenceStorage, expected: dict[int, torch.Tensor]) -> None:
+def check_live(storage: SequenceStorage,
+               expected: dict[int, dict[str, torch.Tensor]]) -> None:
     oldest, end = storage.live_ids()
     ids = torch.arange(oldest, end)
-    got = storage.gather(ids)["observations"]
+    got = storage.gather(ids)
     for k, sequence_id in enumerate(ids.tolist()):
-        assert torch.equal(got[:, k], expected[sequence_id]), sequence_id
+        for name, want in expected[sequence_id].items():
+            column = got[name][k] if name in STATE_FIELDS else got[name][:, k]
+            assert torch.equal(column, want), (sequence_id, name)
 
 
 @pytest.mark.parametrize("capacity, frame_capacity", [(400, 4000), (30, 4000), (400, 300)])
