@@ -7,6 +7,7 @@ import pytest
 import torch
 from fake_envs import CounterEnv
 from presets import compose_preset, compose_run
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agents import impala, r2d2
 from distrl.acting.actor import PolicyOutput
@@ -49,14 +50,26 @@ def test_an_episode_outlasting_max_steps_is_an_error_not_a_shorter_evaluation():
         evaluate_policy(EnvIndexPolicy(), envs, max_steps=5)
 
 
-def test_r2d2_run_evaluates_its_final_weights_greedily_on_unseen_env_seeds(tmp_path):
-    """The run's eval_returns are what the checkpointed weights score with epsilon 0 on
-    envs seeded from seed + EVAL_SEED_OFFSET, and they are logged under eval/."""
+def test_r2d2_run_evaluates_its_final_weights_greedily_on_unseen_env_seeds(tmp_path, capsys):
+    """The run's eval_returns are what the checkpointed weights score with epsilon 0 (the
+    preset's eval.epsilon) on envs seeded from seed + EVAL_SEED_OFFSET, and they are
+    logged under eval/ at the run's last frame."""
     cfg = compose_preset(tmp_path, "r2d2_cartpole", "run", "total_frames=3000",
                          "agent.learning_starts=20", "eval.episodes=4", "seed=3")
+    cfg.log.tensorboard = True
     result = r2d2.run(cfg)
-    assert len(result["eval_returns"]) == 4
-    assert result["eval_return"] == pytest.approx(sum(result["eval_returns"]) / 4)
+    returns = result["eval_returns"]
+    assert len(returns) == 4
+    assert result["eval_return"] == pytest.approx(sum(returns) / 4)
+    assert "eval: 4 episodes (epsilon=0): return mean" in capsys.readouterr().out
+    events = EventAccumulator(str(result["run_dir"]), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {tag: events.Scalars(tag) for tag in ("eval/return_mean", "eval/return_max",
+                                                    "eval/episodes")}
+    assert [e.value for e in logged["eval/return_mean"]] == pytest.approx([sum(returns) / 4])
+    assert [e.value for e in logged["eval/return_max"]] == [max(returns)]
+    assert [e.value for e in logged["eval/episodes"]] == [4]
+    assert logged["eval/episodes"][0].step == result["frames"]
 
     model = r2d2.make_network((2,), 2, cfg.agent.model)
     model.load_state_dict(load(result["checkpoint"])["learner"]["model"])
