@@ -22,10 +22,12 @@ SETTINGS = {"burn_in": 4, "trace_length": 8, "n_step": 2, "discount": 0.99,
             "rescale_epsilon": 1e-3, "priority_eta": 0.9}
 
 
-def play(steps: int, record_q: bool = True, num_envs: int = 4):
+def play(steps: int, record_q: bool = True, num_envs: int = 4, unrecorded: int = -1):
     """CartPole played by R2D2's epsilon-greedy policy, its steps written as sequences
-    (burn-in 4, 8 trained steps, a new one every 4, 2 bootstrap steps). Returns the
-    model, the writer and every flushed batch with the Q values the writer kept for it."""
+    (burn-in 4, 8 trained steps, a new one every 4, 2 bootstrap steps), the Q values of
+    every step recorded with it (none with ``record_q`` False, all but step ``unrecorded``
+    otherwise). Returns the model, the writer and every flushed batch with the Q values
+    the writer kept for it, and the step after which it was flushed."""
     torch.manual_seed(0)
     model = r2d2.make_network((4,), 2, ModelConfig(use_lstm=True, lstm_size=16,
                                                    hidden_size=16, head_size=16)).eval()
@@ -39,7 +41,7 @@ def play(steps: int, record_q: bool = True, num_envs: int = 4):
     writer.begin(observations, state)
     last_actions, last_rewards = torch.full((num_envs,), -1), torch.zeros(num_envs)
     batches = []
-    for _ in range(steps):
+    for t in range(steps):
         output = policy(observations, state, last_actions, last_rewards)
         step = envs.step(output.actions.numpy())
         state = reset_core_state(output.core_state, step.dones)
@@ -47,12 +49,12 @@ def play(steps: int, record_q: bool = True, num_envs: int = 4):
         ended = torch.from_numpy(step.dones)
         writer.add(output.actions, torch.from_numpy(step.rewards), observations,
                    torch.from_numpy(step.terminated), torch.from_numpy(step.truncated), state,
-                   q_values=output.extras["q"] if record_q else None)
+                   q_values=output.extras["q"] if record_q and t != unrecorded else None)
         last_actions = torch.where(ended, -1, output.actions)
         last_rewards = torch.where(ended, 0.0, torch.from_numpy(step.rewards).float())
         batch = writer.flush()
         if batch is not None:
-            batches.append((batch, writer.acting_q))
+            batches.append((batch, writer.acting_q, t))
     envs.close()
     return model, writer, batches
 
@@ -84,7 +86,18 @@ def test_priorities_from_acting_equal_a_fresh_unroll_with_the_same_weights():
 
 def test_a_step_without_q_values_leaves_the_batch_to_the_fresh_unroll():
     _, _, batches = play(60, record_q=False)
-    assert batches and all(q is None for _, q in batches)
+    assert batches and all(q is None for _, q, _ in batches)
+
+
+def test_one_step_without_q_values_leaves_only_the_batches_holding_it_to_the_fresh_unroll():
+    """Step 30 unrecorded: batches flushed before it keep their Q values, and so do those
+    flushed once every sequence holding it (14 steps: burn-in, trained, bootstrap) is
+    out; the one or more between are left to the fresh unroll."""
+    _, _, batches = play(80, unrecorded=30)
+    assert all(q is not None for _, q, t in batches if t < 30)
+    assert all(q is not None for _, q, t in batches if t >= 30 + 14 + 4)
+    left = [t for _, q, t in batches if q is None]
+    assert left and all(30 <= t < 30 + 14 + 4 for t in left)
 
 
 def test_the_writer_keeps_q_values_across_a_checkpoint():
