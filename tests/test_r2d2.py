@@ -155,6 +155,37 @@ def test_staleness_is_zero_for_the_burned_in_state_and_grows_with_the_gap():
     assert far["r2d2/q_staleness_first"] > 0.01
 
 
+def test_staleness_compares_the_stored_state_with_the_burned_in_one_after_the_burn_in():
+    """burn_in 2: the actor's state at the first trained step (start_state) against the
+    learner's state burned in from stored_state over steps 0-1. Equal states give 0 at
+    the first and last trained steps; other ones give the relative gap of the Q values at
+    steps 2 and 6, hand-computed from the network."""
+    model, batch = small_model(), random_sample()
+    burn_in, m = 2, 5
+    loss = R2D2Loss(model, target_update_interval=10, burn_in=burn_in, trace_length=m,
+                    n_step=2, discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
+    with torch.no_grad():
+        _, (h, c) = model(batch.observations[:burn_in], batch.prev_actions[:burn_in],
+                          batch.prev_rewards[:burn_in], model.state_from_flat(batch.stored_state),
+                          batch.resets[:burn_in])
+        burned = dataclasses.replace(batch, start_state=torch.cat([h, c], dim=-1))
+        q = unroll(model, batch, burn_in)
+        zero = loss.staleness(model, burned, q)
+        assert zero["r2d2/q_staleness_first"] == pytest.approx(0.0, abs=1e-6)
+        assert zero["r2d2/q_staleness_last"] == pytest.approx(0.0, abs=1e-6)
+
+        trained = slice(burn_in, burn_in + m)
+        q_stored, _ = model(batch.observations[trained], batch.prev_actions[trained],
+                            batch.prev_rewards[trained], model.state_from_flat(batch.start_state),
+                            batch.resets[trained])
+        got = loss.staleness(model, batch, q)
+        for name, t in (("first", 0), ("last", m - 1)):
+            fresh = q[burn_in + t]
+            gap = (q_stored[t] - fresh).norm(dim=-1) / fresh.max(dim=-1).values.abs()
+            assert got[f"r2d2/q_staleness_{name}"] == pytest.approx(float(gap.mean()), rel=1e-5)
+        assert got["r2d2/q_staleness_first"] != pytest.approx(got["r2d2/q_staleness_last"])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_target_networks_lstm_weights_share_one_cudnn_buffer():
