@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +24,8 @@ from distrl.config import (
     ModelConfig,
     RunConfig,
 )
+from distrl.run.checkpoint import load
+from distrl.training.learner import Learner
 from distrl.types import Unroll
 
 # CartPole budget for the learning tests: 1.2M env frames (= agent steps). Measured on
@@ -173,7 +177,9 @@ def test_kernel_compiled_without_extension_is_refused_before_writing(tmp_path, m
 
 
 def test_resume_continues_update_counter_and_learning_rate(tmp_path):
-    """Stopped after K updates and resumed == an uninterrupted run of the same length."""
+    """Stopped after K updates and resumed: the resumed run's first update starts from the
+    checkpoint's weights and optimizer moments, and it ends where an uninterrupted run of
+    the same length ends in updates, frames and learning rate."""
     frames = 20 * 640  # 20 updates of T=20 x B=32 CartPole steps
     full = impala.run(cartpole_config(tmp_path, "full", total_frames=frames))
     part = impala.run(cartpole_config(tmp_path, "part", total_frames=frames),
@@ -181,7 +187,26 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert part["updates"] == 7
     resumed_cfg = cartpole_config(tmp_path, "part", total_frames=frames)
     resumed_cfg.resume = part["checkpoint"]
-    resumed = impala.run(resumed_cfg)
+    first_step: dict[str, Any] = {}
+    original_step = Learner.step
+
+    def recording_step(learner: Learner, batch: Any) -> tuple[dict[str, float], Any]:
+        if not first_step:  # the weights and optimizer state the resumed run starts from
+            first_step["model"] = copy.deepcopy(learner.model.state_dict())
+            first_step["optimizer"] = copy.deepcopy(learner.optimizer.state_dict())
+        return original_step(learner, batch)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Learner, "step", recording_step)
+        resumed = impala.run(resumed_cfg)
+    saved = load(part["checkpoint"])["learner"]
+    for name, value in saved["model"].items():
+        assert torch.equal(first_step["model"][name], value), name
+    moments = first_step["optimizer"]["state"]
+    assert moments and moments.keys() == saved["optimizer"]["state"].keys()
+    for key, state in saved["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(moments[key][name]), torch.as_tensor(value)), name
     assert full["updates"] == 20
     assert resumed["updates"] == full["updates"]
     assert resumed["frames"] == full["frames"] == frames
