@@ -71,4 +71,29 @@ def test_a_missing_game_is_named():
 
 
 def test_the_weights_are_the_papers():
+    # Aitchison et al. 2023, the Atari-5 regression's weights (no intercept)
+    assert ATARI5_WEIGHTS == {"BattleZone": 0.3820, "DoubleDunk": 0.0679,
+                              "NameThisGame": 0.3108, "Phoenix": 0.1241, "Qbert": 0.0805}
     assert math.isclose(sum(ATARI5_WEIGHTS.values()), 0.9653)
+
+
+def test_the_atari5_games_random_and_human_scores_are_the_standard_tables():
+    # DQN Zoo's atari_data.py (Badia et al. 2020's table), game by game
+    assert {game: RANDOM_HUMAN[game] for game in ATARI5_WEIGHTS} == {
+        "BattleZone": (2360.0, 37187.5), "DoubleDunk": (-18.6, -16.4),
+        "NameThisGame": (2292.3, 8049.0), "Phoenix": (761.4, 7242.6),
+        "Qbert": (163.9, 13455.0)}
+
+
+def test_dopamine_dqns_estimate_step_by_step():
+    """Dopamine's DQN at 10M frames, by hand: HNS per game, then the weighted log."""
+    scores = REFERENCES["dopamine_dqn_10m"]["scores"]
+    hns = {game: human_normalized(game, score) for game, score in scores.items()}
+    assert hns == pytest.approx({
+        "BattleZone": 100 * (15395 - 2360) / 34827.5,  # 37.43
+        "DoubleDunk": 100 * (-17.6 + 18.6) / 2.2,  # 45.45
+        "NameThisGame": 100 * (5553 - 2292.3) / 5756.7,  # 56.64
+        "Phoenix": 100 * (4229 - 761.4) / 6481.2,  # 53.50
+        "Qbert": 100 * (1245 - 163.9) / 13291.1})  # 8.13
+    # sum_g w_g log10(1 + HNS_g) = 0.6054 + 0.1132 + 0.5472 + 0.2155 + 0.0773 = 1.5586
+    assert atari5_estimate(scores) == pytest.approx(10 ** 1.5586 - 1, abs=0.02)  # 35.19
