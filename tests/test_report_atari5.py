@@ -5,6 +5,7 @@ seeds, and the README block between its own markers."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import report  # noqa: E402
 import report_atari5  # noqa: E402
+import suite  # noqa: E402
 from atari_scores import ATARI5, REFERENCES, human_normalized  # noqa: E402
 from test_reproduce import make_run, row_of, write_grid  # noqa: E402
 
@@ -52,6 +54,23 @@ def test_per_game_hns_and_the_atari5_estimate_of_each_seed(tmp_path):
     assert f"IQM of HNS over 5 games and 10 runs {sum(middle) / 3:.1f}%" in table
     assert "at 10.0M frames" in table.splitlines()[0]
     assert "Protocol: the papers' (up to 30 no-op starts, no sticky actions)" in table
+
+
+def test_a_game_row_averages_its_seeds_and_sets_both_references_beside_them(tmp_path):
+    """Seed 1 scores Rainbow's Qbert (5,154), seed 0 DQN's (1,245): the row's final and
+    evaluation return are their mean, 3,199.5, HNS (3,199.5 - 163.9) / 13,291.1 = 22.8%;
+    DQN's and Rainbow's Qbert with their HNS, 8.1% and 37.5%, in their own columns; each
+    seed's estimate from its own five scores (s1's Qbert term 0.0805 log10(38.54))."""
+    dqn_suite(tmp_path, [0, 1])
+    shutil.rmtree(tmp_path / suite.run_name("impala", "Qbert", 1))
+    make_run(tmp_path, "impala", "Qbert", 1, [5154.0] * 100, 10_000_000, "finished",
+             eval_return=5154.0)
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    qbert = row_of(table, "Qbert", "impala")
+    assert qbert[3].startswith("3,199.5 [")
+    assert qbert[4] == "22.8"
+    assert qbert[6:9] == ["3,199.5", "1,245.0 (8.1)", "5,154.0 (37.5)"]
+    assert "(2 seeds: s0 35.2, s1 39.6)" in table
 
 
 def test_a_seed_without_all_five_games_gives_no_estimate(tmp_path):
