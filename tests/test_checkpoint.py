@@ -384,6 +384,23 @@ def test_a_resumed_run_prunes_the_abandoned_newer_checkpoint_first(tmp_path: Pat
     assert [_step_of(p) for p in list_checkpoints(tmp_path)] == [22, 23, 40]
 
 
+def test_each_prefix_keeps_its_own_newest(tmp_path: Path) -> None:
+    """A learner rank's replay shards and the checkpoints share a folder; saving one
+    prunes only its own kind, each to its newest ``keep``."""
+    for step in (1, 2):
+        save(_state(step), tmp_path, step=step, keep=2)
+    for step in (1, 2, 3):
+        save({"format": 1, "counters": {}}, tmp_path, step=step, keep=2,
+             prefix=checkpoint.shard_prefix(1))
+    assert [_step_of(p) for p in list_checkpoints(tmp_path)] == [1, 2]
+    shards = list_checkpoints(tmp_path, checkpoint.shard_prefix(1))
+    assert [p.name for p in shards] == [f"{checkpoint.shard_prefix(1)}-{step:012d}.pt"
+                                        for step in (2, 3)]
+    save(_state(3), tmp_path, step=3, keep=2)
+    assert [_step_of(p) for p in list_checkpoints(tmp_path)] == [2, 3]
+    assert list_checkpoints(tmp_path, checkpoint.shard_prefix(1)) == shards
+
+
 def test_a_damaged_replay_shard_is_named(tmp_path: Path) -> None:
     save(_state(5), tmp_path, step=5)
     shard = save({"format": 1, "counters": {}}, tmp_path, step=5,
