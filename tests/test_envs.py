@@ -318,5 +318,9 @@ def test_env_seeds_fit_ale_pys_c_ints_for_any_run_seed():
     seed = env_seed(3000, actor_id=5, group=1, groups=2, envs_per_group=16)
     assert 0 <= seed and seed + 16 < 2**31
     assert env_seed(0, 1, 0, 2, 16) == 32  # small seeds are unchanged by the wrap
+    # 3000 * 1,000,003 + (5 * 2 + 1) * 16 = 3,000,009,176, less 2^31 - 2^20 once
+    assert seed == 3_000_009_176 - (2**31 - 2**20) == 853_574_104
+    # 2,147,006,441 lies below 2^31 but above the 2^20 envs' headroom: it wraps too
+    assert env_seed(2147, 0, 0, 1, 16) == 2147 * 1_000_003 - (2**31 - 2**20) == 571_369
     with make_envs(EnvConfig(id="Pong"), 2, seed) as envs:
         assert envs.reset().shape == (2, 4, 84, 84)
