@@ -144,8 +144,19 @@ def test_iqm_of_normalised_returns_matches_a_hand_computation(tmp_path):
     assert agg.iqm == pytest.approx(1.375)
     assert (agg.runs, agg.games, agg.notes) == (8, 2, [])
     assert agg.low <= agg.iqm <= agg.high
-    # Resampling runs within each game: the IQM of a resample never leaves [0.5, 10].
-    assert 0.5 <= agg.low and agg.high <= 10.0
+
+
+@pytest.mark.parametrize("per_task, how", [
+    ([np.zeros(2), np.full(3, 10.0)], "numpy"),  # runs per game differ: numpy's resampling
+    ([np.zeros(3), np.full(3, 10.0)], "rliable"),
+])
+def test_the_bootstrap_resamples_each_games_runs_apart(per_task, how):
+    """Stratified: every resample keeps each game's number of runs, so with constant
+    scores per game its mean never moves (2 zeros and 3 tens: 6; 3 and 3: 5). Resampling
+    the pooled runs would spread it over [0, 10]."""
+    want = float(np.concatenate(per_task).mean())
+    assert suite_stats.bootstrap_ci(per_task, suite_stats.mean_rows, 1000, 0) == (
+        pytest.approx(want), pytest.approx(want), how)
 
 
 def test_reached_marks_against_each_agents_baseline(tmp_path):
