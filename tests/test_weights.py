@@ -91,6 +91,26 @@ def test_publish_requires_an_increasing_version(version: int) -> None:
     assert store.version == 2
 
 
+def test_a_snapshot_published_flat_into_another_store_carries_the_weights() -> None:
+    """A learner's snapshot (version, flat weights) is what an actor-only rank's store
+    publishes as it is: pulled from there it gives the learner's weights. The snapshot is a
+    copy, None unless newer; the version may stay equal but never go back."""
+    learner_store, rank_store = WeightStore(_model(0)), WeightStore(_model(1))
+    trained = _model(2)
+    learner_store.publish(trained, version=5)
+    assert learner_store.snapshot(have_version=5) is None
+    version, flat = learner_store.snapshot(have_version=4)
+    assert version == 5 and flat.data_ptr() != learner_store.flat.data_ptr()
+    rank_store.publish_flat(flat, version)
+    target = _model(3)
+    assert rank_store.version == 5 and rank_store.pull_if_newer(target, have_version=0) == 5
+    _assert_same_floats(target, _float_state(trained))
+    rank_store.publish_flat(flat, 5)  # the same version again: allowed
+    with pytest.raises(ValueError, match=r"version must not decrease: 4 < 5"):
+        rank_store.publish_flat(flat, 4)
+    assert rank_store.version == 5
+
+
 def test_float_buffers_are_carried_and_int_buffers_are_not() -> None:
     source, target = _model(0), _model(1)
     with torch.no_grad():
