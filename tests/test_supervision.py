@@ -17,7 +17,7 @@ from presets import compose_run, run_py
 
 from agents import apex, impala
 from distrl.run import checkpoint
-from distrl.run.supervisor import TooManyRestarts
+from distrl.run.supervisor import ChildProcesses, TooManyRestarts
 from distrl.training.learner import Learner
 from distrl.transport.queues import WRITING, FieldSpec, SlotPool
 
@@ -229,3 +229,55 @@ def test_run_py_exits_1_with_the_cause_on_its_last_line_and_a_final_checkpoint(t
                         r"2 times, more than distributed\.max_actor_restarts=1; the run stopped "
                         r"after its checkpoint .*checkpoint-\d+\.pt", last), last
     assert checkpoint.list_checkpoints(tmp_path / "crash" / "checkpoints")
+
+
+class FakeProcess:
+    """A child that runs until killed: what a hung actor looks like to its supervisor."""
+
+    def __init__(self, target: Any, name: str, daemon: bool, args: tuple) -> None:
+        self.name, self.pid, self.exitcode = name, None, None
+        self.alive = self.killed = False
+
+    def start(self) -> None:
+        self.alive, self.pid = True, 1000
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def kill(self) -> None:
+        self.killed, self.alive, self.exitcode = True, False, -9
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+class FakeContext:
+    Process = FakeProcess
+
+    @staticmethod
+    def Event() -> Any:  # noqa: N802 (multiprocessing's name)
+        return mp.get_context("spawn").Event()
+
+
+def test_a_restart_kills_the_running_child_before_its_successor_starts():
+    """A silent child still runs: restart kills it, then runs before_restart, then starts
+    a new process in its place; past max_restarts it refuses with the count and setting."""
+    order: list[str] = []
+    children = ChildProcesses(FakeContext(), 2, "actor", target=lambda: None,
+                              args_for=lambda i: (i,), label="actor", max_restarts=1,
+                              before_restart=lambda i: order.append(
+                                  f"before {i}: old killed {children.processes[i].killed}"))
+    with children:
+        hung = children.processes[0]
+        children.restart(0, "was silent for more than 2 s")
+        assert hung.killed and not hung.is_alive()
+        assert order == ["before 0: old killed True"]
+        assert children.processes[0] is not hung and children.processes[0].is_alive()
+        assert children.restarts == 1 and not children.processes[1].killed
+        with pytest.raises(TooManyRestarts) as refused:
+            children.restart(1, "was silent for more than 2 s")
+        assert str(refused.value) == (
+            "actor 1 was silent for more than 2 s: actors would be restarted 2 times, more "
+            "than distributed.max_actor_restarts=1")
+        assert not children.processes[1].killed  # a refused restart touches nothing
+
