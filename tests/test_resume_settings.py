@@ -184,6 +184,16 @@ def test_another_agent_is_refused_with_the_reason() -> None:
         "start a new run (another log.name) for another agent")
 
 
+def test_a_group_named_in_resume_overrides_does_not_free_the_agent_name() -> None:
+    """resume_overrides=[agent] frees the agent's settings, but not agent.name."""
+    with pytest.raises(ConfigError) as info:
+        merge({"agent.name"}, ("agent",), **{"agent.name": "apex"})
+    assert str(info.value) == (
+        "agent.name: this run was started with 'impala', the command line gives 'apex'; "
+        "agent.name cannot change on resume: the checkpoint holds this agent's learner; "
+        "start a new run (another log.name) for another agent")
+
+
 def test_log_dir_and_name_are_where_the_checkpoint_is() -> None:
     merged, lines = merge({"log.dir", "log.name"}, **{"log.dir": "moved/../moved",
                                                      "log.name": "run1"})
