@@ -323,13 +323,20 @@ def cartpole_config(tmp_path, name: str, actors: int = 2, total_frames: int = 1_
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("learner", "ppo", "agent.learner must be one of impala, r2d2; got 'ppo'"),
     ("device", "tpu", "agent.device must be one of auto, cpu, cuda, cuda:N; got 'tpu'"),
-    ("max_inference_batch", -1, "agent.max_inference_batch"),
-    ("worker_timeout_s", 0, "agent.worker_timeout_s"),
-    ("inference_threads", -1, "agent.inference_threads"),
+    ("max_inference_batch", -1, "agent.max_inference_batch must be a number >= 0, got -1"),
+    ("worker_timeout_s", 0, "agent.worker_timeout_s must be a positive number, got 0"),
+    ("inference_threads", -1, "agent.inference_threads must be a number >= 0, got -1"),
 ])
 def test_bad_seed_settings_name_the_field(field, value, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         seed.SeedConfig(**{field: value})
+
+
+def test_zero_is_a_setting_where_its_meaning_is_documented():
+    # inference_threads 0: as many threads as the learner's; max_inference_batch 0:
+    # all envs of the run in one inference call
+    config = seed.SeedConfig(inference_threads=0, max_inference_batch=0)
+    assert (config.inference_threads, config.max_inference_batch) == (0, 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
