@@ -40,6 +40,8 @@ def test_a_second_lock_in_one_process_is_refused_naming_the_owner(tmp_path: Path
     owner = json.loads((run_dir / "distrl.lock").read_text())
     assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
     assert shlex.split(owner["command"])[1:] == sys.argv  # the python executable, then argv
+    # local time to the second and the time zone's name, e.g. "2026-12-01 20:30:05 UTC"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S*", owner["since"]), owner["since"]
     with pytest.raises(ConfigError) as info:
         run_lock.take(run_dir)
     assert str(info.value) == _expected_refusal(run_dir)
