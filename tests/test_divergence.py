@@ -52,6 +52,25 @@ def test_a_non_finite_loss_skips_the_update_and_publishes_nothing():
     assert float(learner.model.weight.detach()) == pytest.approx(0.8) and store.version == 2
 
 
+def test_a_finite_loss_with_a_non_finite_gradient_skips_the_update_too():
+    """loss = sqrt(w - 1) at w = 1: the loss is 0, its gradient 0.5 / sqrt(0) = inf."""
+    model = nn.Linear(1, 1, bias=False)
+    nn.init.constant_(model.weight, 1.0)
+
+    def loss_fn(model, batch):
+        return torch.sqrt(model.weight.sum() - 1.0), {}, torch.tensor([1.0])
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    store = WeightStore(model)
+    learner = Learner(model, loss_fn, optimizer, make_lr_schedule(optimizer, "constant", 10),
+                      max_grad_norm=1e9, weights=store, max_skipped_updates=3)
+    metrics, priorities = learner.step(None)
+    assert metrics["learner/loss"] == 0.0 and metrics["learner/grad_norm"] == math.inf
+    assert priorities is None and metrics["learner/skipped_updates"] == 1.0
+    assert store.version == 0 and learner.updates == 0
+    assert float(model.weight.detach()) == 1.0
+
+
 def test_k_skipped_updates_in_a_row_stop_the_run_by_name():
     learner, store = _learner([math.nan] * 3, max_skipped=3)
     learner.step(None)
