@@ -54,3 +54,32 @@ def test_minatar_keeps_its_own_action_set_under_every_agent(tmp_path):
 ])
 def test_evaluation_epsilon_follows_the_agents_protocol(tmp_path, agent, overrides, epsilon):
     assert _settings(tmp_path, agent, *overrides).evaluation.epsilon == epsilon
+
+
+class _Recorded(Exception):
+    """Raised by the recording from_config: the run stops before anything starts."""
+
+
+@pytest.mark.parametrize(("agent", "overrides", "learner"), [
+    ("impala", ("agent=impala",), "impala"),
+    ("apex", ("agent=apex",), "apex"),
+    ("r2d2", ("agent=r2d2",), "r2d2"),
+    ("seed", ("agent=seed",), "impala"),
+    ("seed", ("agent=seed", "agent.learner=r2d2"), "r2d2"),
+])
+def test_each_agents_run_hands_its_papers_conventions_to_the_run_settings(
+        tmp_path, monkeypatch, agent, overrides, learner):
+    """What a run settles from its paper (life loss, action set, evaluation epsilon) comes
+    from the agent's own CONVENTIONS, a SEED run's from its learner's."""
+    seen = []
+
+    def recording(cls, cfg, conventions=None):
+        seen.append(conventions)
+        raise _Recorded
+
+    monkeypatch.setattr(RunSettings, "from_config", classmethod(recording))
+    with pytest.raises(_Recorded):
+        agents.get(agent).run(compose_run(tmp_path, agent, *overrides, "env=Pong"))
+    assert seen == [agents.get(learner).CONVENTIONS]
+    assert seen[0] is agents.get(learner).CONVENTIONS
+
