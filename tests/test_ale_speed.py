@@ -25,16 +25,19 @@ def test_frames_per_s_counts_every_env_step_times_the_frame_skip(monkeypatch):
     """Each step of the vector env moves num_envs envs by frame_skip frames: 3 steps of
     4 envs in a timed window of 2 s (a fake clock) are 3 * 4 * 4 / 2 = 24 frames/s."""
     ticks = iter([0.0, 0.5, 1.0, 1.5, 2.0, 2.0])  # start, 3 loop checks, the stop, elapsed
+    made, actions = [], []
 
     class FakeVectorEnv:
         def __init__(self, game, num_envs, **kwargs):
+            made.append((game, num_envs, kwargs))
             self.single_action_space = type("Space", (), {"n": 6})()
 
         def reset(self, seed):
             pass
 
-        def step(self, actions):
-            assert len(actions) == 4
+        def step(self, chosen):
+            assert len(chosen) == 4
+            actions.extend(chosen.tolist())
 
         def close(self):
             pass
@@ -44,6 +47,11 @@ def test_frames_per_s_counts_every_env_step_times_the_frame_skip(monkeypatch):
     monkeypatch.setattr(ale_py.vector_env, "AtariVectorEnv", FakeVectorEnv)
     monkeypatch.setattr(ale_speed.time, "perf_counter", lambda: next(ticks))
     assert ale_speed.ale_random_fps("pong", 4, threads=2, frame_skip=4, seconds=2.0) == 24.0
+    # the game, its envs and threads, the emulator's own frame skip, raw rewards
+    assert made == [("pong", 4, {"num_threads": 2, "frameskip": 4, "reward_clipping": False,
+                                 "autoreset_mode": "SameStep"})]
+    assert len(actions) == (20 + 3) * 4  # 20 untimed warm-up steps, then the 3 timed
+    assert set(actions) <= set(range(6)) and len(set(actions)) > 1  # random, in range
 
 
 def test_ale_alone_times_each_game_as_a_run_steps_it_and_refuses_a_name_that_is_no_rom(
