@@ -216,6 +216,19 @@ def test_auto_and_compiled_take_the_built_cpu_kernels():
     )
 
 
+@needs_extension
+def test_a_device_with_some_kernels_gets_each_op_named_by_its_path(monkeypatch):
+    """A build with a cuda V-trace and no cuda sum tree: auto names each op's path, and
+    compiled refuses the first op without a kernel."""
+    monkeypatch.setattr(ops, "_PATHS", {})
+    monkeypatch.setattr(ops, "has_kernel", lambda op, device: op == "vtrace")
+    assert ops.kernel_summary("auto", "cuda") == (
+        "kernel=auto on cuda: sum_tree_update=reference, sum_tree_sample=reference, "
+        "vtrace=compiled")
+    with pytest.raises(ops.KernelError, match="has no cuda kernel for sum_tree_update"):
+        ops.kernel_summary("compiled", "cuda")
+
+
 @pytest.fixture
 def without_extension(monkeypatch):
     """Pretend distrl._C failed to load, as on a machine where the build was skipped."""
