@@ -20,13 +20,18 @@ from distrl.transport.weights import WeightStore
 
 def _learner(losses: list[float], lr: float = 0.1, max_skipped: int = 3):
     """A one-weight learner whose loss is ``w * next(losses)``; returns it and its store."""
+    values = iter(losses)
+    return _learner_of(lambda w: w * next(values), lr, max_skipped)
+
+
+def _learner_of(loss_of_weight, lr: float = 0.1, max_skipped: int = 3):
+    """A one-weight learner (w = 1, SGD) whose loss is ``loss_of_weight(w)``; returns it
+    and its store."""
     model = nn.Linear(1, 1, bias=False)
     nn.init.constant_(model.weight, 1.0)
-    values = iter(losses)
 
     def loss_fn(model, batch):
-        loss = model.weight.sum() * next(values)
-        return loss, {}, torch.tensor([1.0, 2.0])
+        return loss_of_weight(model.weight.sum()), {}, torch.tensor([1.0, 2.0])
 
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     store = WeightStore(model)
@@ -54,21 +59,12 @@ def test_a_non_finite_loss_skips_the_update_and_publishes_nothing():
 
 def test_a_finite_loss_with_a_non_finite_gradient_skips_the_update_too():
     """loss = sqrt(w - 1) at w = 1: the loss is 0, its gradient 0.5 / sqrt(0) = inf."""
-    model = nn.Linear(1, 1, bias=False)
-    nn.init.constant_(model.weight, 1.0)
-
-    def loss_fn(model, batch):
-        return torch.sqrt(model.weight.sum() - 1.0), {}, torch.tensor([1.0])
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    store = WeightStore(model)
-    learner = Learner(model, loss_fn, optimizer, make_lr_schedule(optimizer, "constant", 10),
-                      max_grad_norm=1e9, weights=store, max_skipped_updates=3)
+    learner, store = _learner_of(lambda w: torch.sqrt(w - 1.0))
     metrics, priorities = learner.step(None)
     assert metrics["learner/loss"] == 0.0 and metrics["learner/grad_norm"] == math.inf
     assert priorities is None and metrics["learner/skipped_updates"] == 1.0
     assert store.version == 0 and learner.updates == 0
-    assert float(model.weight.detach()) == 1.0
+    assert float(learner.model.weight.detach()) == 1.0
 
 
 def test_k_skipped_updates_in_a_row_stop_the_run_by_name():
