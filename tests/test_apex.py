@@ -59,16 +59,25 @@ class TableQ(torch.nn.Module):
         return self.table[observations[:, 0].long()]
 
 
-def test_apex_loss_priorities_and_target_copies():
-    table = torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]])
-    model = TableQ(table)
-    loss_fn = ApexLoss(model, target_update_interval=2)
-    batch = SampleBatch(
+def table_q() -> TableQ:
+    """Q values of 3 states x 2 actions: s=0 [0, 1], s=1 [2, 3], s=2 [5, -1]."""
+    return TableQ(torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]]))
+
+
+def two_transitions() -> SampleBatch:
+    """(s=0, a=1, G=1 + 0.5 Q(2, .)) and (s=1, a=0, G=2, the episode ended), weights 1, 0.5."""
+    return SampleBatch(
         indices=torch.tensor([0, 1]), observations=torch.tensor([[0.0], [1.0]]),
         actions=torch.tensor([1, 0]), returns=torch.tensor([1.0, 2.0]),
         discounts=torch.tensor([0.5, 0.0]), next_observations=torch.tensor([[2.0], [0.0]]),
         weights=torch.tensor([1.0, 0.5]),
     )
+
+
+def test_apex_loss_priorities_and_target_copies():
+    model = table_q()
+    loss_fn = ApexLoss(model, target_update_interval=2)
+    batch = two_transitions()
     loss, metrics, priorities = loss_fn(model, batch)
     # s=0,a=1: G = 1 + 0.5 * Q_target(2, argmax Q(2)=0) = 1 + 2.5 = 3.5; TD = 3.5 - 1 = 2.5
     # s=1,a=0: G = 2 (episode ended); TD = 2 - 2 = 0
@@ -86,34 +95,24 @@ def test_apex_loss_priorities_and_target_copies():
 def test_apex_loss_selects_with_the_online_net_and_evaluates_with_the_target():
     """Double Q inside the loss: once the online net changes its mind at s' = 2 (from
     action 0 to 1) before the target's next copy, the target values the online choice."""
-    model = TableQ(torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]]))
+    model = table_q()
     loss_fn = ApexLoss(model, target_update_interval=10)
-    batch = SampleBatch(
-        indices=torch.tensor([0]), observations=torch.tensor([[0.0]]),
-        actions=torch.tensor([1]), returns=torch.tensor([1.0]),
-        discounts=torch.tensor([0.5]), next_observations=torch.tensor([[2.0]]),
-        weights=torch.tensor([1.0]),
-    )
+    batch = two_transitions()
     loss_fn(model, batch)  # call 0 copies [5, -1] into the target
     with torch.no_grad():
         model.table[2] = torch.tensor([0.0, 9.0])
     # argmax online = 1; the stale target's value of it is -1: G = 1 + 0.5 * -1 = 0.5,
     # TD = 0.5 - Q(0, 1) = -0.5. (The target's own max would give 2.5, the online
-    # net's value of its choice 4.5.)
-    assert loss_fn(model, batch)[2].tolist() == pytest.approx([0.5])
+    # net's value of its choice 4.5.) The second transition ended: TD 2 - 2 = 0.
+    assert loss_fn(model, batch)[2].tolist() == pytest.approx([0.5, 0.0])
 
 
 def test_apex_loss_uses_its_huber_delta():
-    # TD errors 2.5 and 0 (the batch of the test above it): huber with delta 2 is
-    # 2 * (2.5 - 1) = 3 for the first; weights 1 and 0.5, mean over 2.
-    model = TableQ(torch.tensor([[0.0, 1.0], [2.0, 3.0], [5.0, -1.0]]))
-    batch = SampleBatch(
-        indices=torch.tensor([0, 1]), observations=torch.tensor([[0.0], [1.0]]),
-        actions=torch.tensor([1, 0]), returns=torch.tensor([1.0, 2.0]),
-        discounts=torch.tensor([0.5, 0.0]), next_observations=torch.tensor([[2.0], [0.0]]),
-        weights=torch.tensor([1.0, 0.5]),
-    )
-    loss, _, priorities = ApexLoss(model, target_update_interval=2, huber_delta=2.0)(model, batch)
+    # TD errors 2.5 and 0 (as in test_apex_loss_priorities_and_target_copies): huber
+    # with delta 2 is 2 * (2.5 - 1) = 3 for the first; weights 1 and 0.5, mean over 2.
+    model = table_q()
+    loss, _, priorities = ApexLoss(model, target_update_interval=2, huber_delta=2.0)(
+        model, two_transitions())
     assert priorities.tolist() == pytest.approx([2.5, 0.0])
     assert loss.item() == pytest.approx(1.5)
     td = torch.tensor([0.5, -3.0, 2.0])

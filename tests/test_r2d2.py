@@ -227,12 +227,10 @@ def test_the_target_is_the_weights_of_the_last_copy_every_interval_calls():
     loss = R2D2Loss(model, target_update_interval=2, burn_in=2, trace_length=5, n_step=2,
                     discount=0.9, rescale_epsilon=1e-3, priority_eta=0.9)
 
-    def mixed(td: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return losses.sequence_priorities(td.abs(), mask, 0.9)
-
     def expected(online: torch.nn.Module, target: torch.nn.Module) -> torch.Tensor:
-        return mixed(*sequence_td_errors(unroll(online, batch, 2), unroll(target, batch, 2),
-                                         batch, 2, 5, 2, 0.9, 1e-3))
+        td, mask = sequence_td_errors(unroll(online, batch, 2), unroll(target, batch, 2),
+                                      batch, 2, 5, 2, 0.9, 1e-3)
+        return losses.sequence_priorities(td.abs(), mask, 0.9)
 
     with torch.no_grad():
         loss(model, batch)
