@@ -93,9 +93,10 @@ def test_replay_nbytes_counts_every_tensor_the_replay_allocates(agent: str) -> N
     tree = replay.sampler.tree.tree
     # Every tensor the storage holds, found by looking, not by its own nbytes() list.
     held = [t for t in vars(replay.storage).values() if isinstance(t, torch.Tensor)]
-    built = sum(t.numel() * t.element_size() for t in held) + tree.numel() * tree.element_size()
-    assert replay.storage.nbytes() == built - tree.numel() * tree.element_size()
-    assert replay_nbytes(parts, capacity, (4,), torch.float32, None, 8, state_size) == built
+    stored = sum(t.numel() * t.element_size() for t in held)
+    assert replay.storage.nbytes() == stored
+    assert replay_nbytes(parts, capacity, (4,), torch.float32, None, 8, state_size) == (
+        stored + tree.numel() * tree.element_size())
     if agent == "r2d2":
         assert replay.storage.stored_state.shape == (capacity, state_size)
 
