@@ -17,6 +17,7 @@ then exits 1 with the failure's traceback.
 
 from __future__ import annotations
 
+import difflib
 import signal
 import sys
 import traceback
@@ -29,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import agents
 from distrl.config import ConfigError, register_configs
+from distrl.envs import atari_game_names
 from distrl.run.checkpoint import CheckpointError
 from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts
@@ -60,9 +62,7 @@ def format_error(error: BaseException) -> str:
     name the field, are kept and joined.
     """
     if isinstance(error, MissingConfigException):
-        options = [o for o in error.options or () if not o.endswith("_schema")]
-        text = _first_line(error) + (f"; available options: {', '.join(options)}"
-                                     if options else "")
+        text = _first_line(error) + _available_options(error)
     elif isinstance(error, OverrideParseException):
         text = f"cannot parse the override {error.override!r}: {_first_line(error)}"
     elif isinstance(error, HydraException) and isinstance(error.__cause__,
@@ -71,6 +71,22 @@ def format_error(error: BaseException) -> str:
     else:
         text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
     return f"distrl: error: {text or type(error).__name__}"
+
+
+def _available_options(error: MissingConfigException) -> str:
+    """The group's options, the ~100 Atari games of ``env=`` summed up in one phrase, and
+    the closest option where the name looks like a typo of one."""
+    options = [o for o in error.options or () if not o.endswith("_schema")]
+    if not options:
+        return ""
+    games = set(atari_game_names())
+    listed = [o for o in options if o not in games]
+    text = f"; available options: {', '.join(listed)}"
+    if len(listed) < len(options):
+        text += ", or any Atari game by its ALE name (e.g. Breakout, MsPacman)"
+    wanted = (error.missing_cfg_file or "").rsplit("/", 1)[-1]
+    close = difflib.get_close_matches(wanted, options, n=1, cutoff=0.75)
+    return text + (f"; did you mean {close[0]}?" if close else "")
 
 
 def _first_line(error: BaseException) -> str:

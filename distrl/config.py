@@ -262,7 +262,7 @@ class LogConfig:
     """Where and how often to report."""
 
     dir: str = "runs"  # tensorboard and checkpoints go under dir/<name>
-    name: str = ""  # run name; empty: <agent>-<env>-seed<seed>
+    name: str = ""  # run name; empty: <agent>-<env>-seed<seed>-<start time>
     interval_s: float = 5.0  # console report and scalar flush period
     tensorboard: bool = True
     # the console report: auto (a live progress bar on an interactive terminal, else plain
@@ -353,3 +353,10 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="env", name="env_schema", node=EnvConfig)
+    from distrl.envs import atari_game_names  # imported here: distrl.envs imports this module
+
+    # env=<Game> for every ALE game, as experiments/env/Pong.yaml is for Pong (whose file,
+    # first on Hydra's search path, is what env=Pong loads).
+    for game in atari_game_names():
+        cs.store(group="env", name=game, package="_global_",
+                 node={"env": {"id": game}})

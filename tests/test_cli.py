@@ -311,7 +311,13 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
     (("env=NotAGame",),
      "In 'config': Could not find 'env/NotAGame'; available options: CartPole, "
      "CartPoleNoVelocity, MinAtar-Asterix, MinAtar-Breakout, MinAtar-Freeway, "
-     "MinAtar-Seaquest, MinAtar-SpaceInvaders, Pong"),
+     "MinAtar-Seaquest, MinAtar-SpaceInvaders, or any Atari game by its ALE name "
+     "(e.g. Breakout, MsPacman)"),
+    (("env=Breakuot",),
+     "In 'config': Could not find 'env/Breakuot'; available options: CartPole, "
+     "CartPoleNoVelocity, MinAtar-Asterix, MinAtar-Breakout, MinAtar-Freeway, "
+     "MinAtar-Seaquest, MinAtar-SpaceInvaders, or any Atari game by its ALE name "
+     "(e.g. Breakout, MsPacman); did you mean Breakout?"),
     (("+experiment=nope",),
      "In 'config': Could not find 'experiment/nope'; available options: apex_cartpole, "
      "atari_short_apex, atari_short_appo, atari_short_impala, atari_short_r2d2, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -324,3 +325,21 @@ def test_env_seeds_fit_ale_pys_c_ints_for_any_run_seed():
     assert env_seed(2147, 0, 0, 1, 16) == 2147 * 1_000_003 - (2**31 - 2**20) == 571_369
     with make_envs(EnvConfig(id="Pong"), 2, seed) as envs:
         assert envs.reset().shape == (2, 4, 84, 84)
+
+
+@pytest.mark.parametrize(("group", "game_id", "rom"), [
+    ("Breakout", "Breakout", "breakout"),
+    ("MsPacman", "MsPacman", "ms_pacman"),
+    ("TicTacToe3D", "TicTacToe3D", "tic_tac_toe_3d"),
+])
+def test_env_group_of_any_ale_game_is_pongs_with_its_own_id(tmp_path, group, game_id, rom):
+    """``env=<Game>`` works for every ALE game, not only Pong's file: the same preprocessing
+    and budget as ``env=Pong``, with the game's id, which names its ROM."""
+    from presets import compose_run
+
+    pong = compose_run(tmp_path, "pong", "agent=apex", "env=Pong")
+    game = compose_run(tmp_path, "game", "agent=apex", f"env={group}")
+    assert game.env.id == game_id and envs.atari_rom(game.env.id) == rom
+    assert dataclasses.replace(game.env, id="Pong") == pong.env
+    assert game.total_frames == pong.total_frames == 200_000_000
+    assert len(envs.atari_game_names()) == len(set(envs.atari_game_names())) > 100

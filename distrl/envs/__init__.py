@@ -60,6 +60,12 @@ def atari_rom(env_id: str) -> str | None:
     return _roms_by_key().get(_rom_key(env_id))
 
 
+def atari_game_names() -> list[str]:
+    """Every ALE game by the name ``env.id`` and the ``env=`` group take: "Pong", "MsPacman",
+    "SpaceInvaders", ... (each ROM id title-cased without its underscores)."""
+    return [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
+
+
 def is_atari(env_id: str) -> bool:
     """True if ``env_id`` names an ALE ROM: "Pong", "ms_pacman", "ALE/MsPacman-v5", ..."""
     return atari_rom(env_id) is not None
@@ -253,8 +259,7 @@ def _import_user_modules(modules: list[str]) -> None:
 
 def _unknown_env(env_id: str) -> ConfigError:
     # Compare case-insensitively so "pongg" still finds "Pong".
-    names = [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
-    names += list(gymnasium.registry)
+    names = [*atari_game_names(), *gymnasium.registry]
     by_lower = {name.lower(): name for name in names}
     close = difflib.get_close_matches(env_id.lower(), list(by_lower), n=1, cutoff=0.75)
     hint = f"; did you mean {by_lower[close[0]]!r}?" if close else ""
