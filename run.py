@@ -29,8 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import agents
-from distrl.config import ConfigError, register_configs
-from distrl.envs import atari_game_names
+from distrl.config import ConfigError, atari_game_names, register_configs
 from distrl.run.checkpoint import CheckpointError
 from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts

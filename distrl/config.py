@@ -346,6 +346,14 @@ class RunConfig:
 KERNELS = ("auto", "compiled", "reference")  # the choices of distrl.ops.KERNEL_CHOICES
 
 
+def atari_game_names() -> list[str]:
+    """Every ALE game by the name ``env.id`` and the ``env=`` group take: "Pong", "MsPacman",
+    "SpaceInvaders", ... (each ROM id of ale-py title-cased without its underscores)."""
+    from ale_py import roms  # here, not above: the schema's users need no emulator
+
+    return [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (agents register their own)."""
     from hydra.core.config_store import ConfigStore
@@ -353,8 +361,6 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="env", name="env_schema", node=EnvConfig)
-    from distrl.envs import atari_game_names  # imported here: distrl.envs imports this module
-
     # env=<Game> for every ALE game, as experiments/env/Pong.yaml is for Pong (whose file,
     # first on Hydra's search path, is what env=Pong loads).
     for game in atari_game_names():

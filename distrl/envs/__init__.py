@@ -33,7 +33,7 @@ import numpy as np
 from ale_py import roms
 from ale_py.vector_env import AtariVectorEnv
 
-from distrl.config import EnvConfig
+from distrl.config import EnvConfig, atari_game_names
 from distrl.envs.minatar_envs import MinAtarGames, is_minatar, make_minatar_games
 from distrl.envs.vector_env import VectorEnv
 from distrl.validation import ConfigError
@@ -58,12 +58,6 @@ def _rom_key(env_id: str) -> str:
 def atari_rom(env_id: str) -> str | None:
     """The ALE ROM id (e.g. ``"ms_pacman"``) that ``env_id`` names, or None if it names none."""
     return _roms_by_key().get(_rom_key(env_id))
-
-
-def atari_game_names() -> list[str]:
-    """Every ALE game by the name ``env.id`` and the ``env=`` group take: "Pong", "MsPacman",
-    "SpaceInvaders", ... (each ROM id title-cased without its underscores)."""
-    return [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
 
 
 def is_atari(env_id: str) -> bool:
