@@ -361,8 +361,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(group="env", name="env_schema", node=EnvConfig)
-    # env=<Game> for every ALE game, as experiments/env/Pong.yaml is for Pong (whose file,
-    # first on Hydra's search path, is what env=Pong loads).
+    # env=<Game> for every ALE game (env=Pong, env=Breakout, ...): the Atari conventions are
+    # EnvConfig's defaults, and the budget is RunConfig's (IMPALA's 200M frames).
     for game in atari_game_names():
         cs.store(group="env", name=game, package="_global_",
                  node={"env": {"id": game}})
