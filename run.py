@@ -29,7 +29,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import agents
-from distrl.config import ConfigError, atari_game_names, register_configs
+from distrl.config import ConfigError, atari_game_name, atari_game_names, register_configs
+from distrl.envs import atari_rom, is_atari
+from distrl.envs.minatar_envs import is_minatar
 from distrl.run.checkpoint import CheckpointError
 from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts
@@ -109,10 +111,35 @@ def name_sweep_job(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def _game_family(env_id: str) -> str | None:
+    return "Atari" if is_atari(env_id) else "MinAtar" if is_minatar(env_id) else None
+
+
+def check_env_group(cfg: DictConfig) -> None:
+    """Refuse ``env.id`` naming an Atari or MinAtar game under another family's ``env=``
+    group (CartPole's unless one is chosen): the run would keep that group's budget and its
+    ``agent_env`` settings (IMPALA's CartPole learning rate), not the game's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if cfg.get("resume") or not HydraConfig.initialized():
+        return
+    group = HydraConfig.get().runtime.choices.get("env")
+    family = _game_family(cfg.env.id)
+    if group is None or family is None or _game_family(group) == family:
+        return
+    rom = atari_rom(cfg.env.id)
+    game = atari_game_name(rom) if rom else cfg.env.id
+    article = "an" if family == "Atari" else "a"
+    raise ConfigError(f"env.id: {cfg.env.id!r} is {article} {family} game, but env={group} "
+                      f"chose the other settings (env, budget, the agent's settings for "
+                      f"{group}); choose the game's own group: env={game}")
+
+
 def run(cfg: DictConfig) -> int:
     """Validate ``cfg``, train its agent and return the process's exit code; bad input is
     reported on stderr in one line. An unexpected error propagates with its traceback."""
     try:
+        check_env_group(cfg)
         run_cfg = to_run_config(settings_of_run(name_sweep_job(cfg)))  # resume: the checkpoint's
         agents.get(run_cfg.agent.name).run(run_cfg)
     except BAD_INPUT as error:

@@ -346,12 +346,17 @@ class RunConfig:
 KERNELS = ("auto", "compiled", "reference")  # the choices of distrl.ops.KERNEL_CHOICES
 
 
+def atari_game_name(rom: str) -> str:
+    """The name ``env.id`` and the ``env=`` group take for an ale-py ROM id: "ms_pacman" ->
+    "MsPacman" (title-cased, without its underscores)."""
+    return rom.title().replace("_", "")
+
+
 def atari_game_names() -> list[str]:
-    """Every ALE game by the name ``env.id`` and the ``env=`` group take: "Pong", "MsPacman",
-    "SpaceInvaders", ... (each ROM id of ale-py title-cased without its underscores)."""
+    """Every ALE game by its name: "Pong", "MsPacman", "SpaceInvaders", ..."""
     from ale_py import roms  # here, not above: the schema's users need no emulator
 
-    return [rom.title().replace("_", "") for rom in roms.get_all_rom_ids()]
+    return [atari_game_name(rom) for rom in roms.get_all_rom_ids()]
 
 
 def register_configs() -> None:

@@ -325,6 +325,25 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "minatar_apex, minatar_impala, minatar_r2d2, "
      "minatar_seed, minatar_seed_r2d2, r2d2_cartpole, seed_r2d2_cartpole"),
     (("seed=[",), "cannot parse the override 'seed=[': no viable alternative at input '['"),
+    # a game's id under another family's group would keep that group's budget and settings
+    (("env.id=ALE/MsPacman-v5",),
+     "env.id: 'ALE/MsPacman-v5' is an Atari game, but env=CartPole chose the other settings "
+     "(env, budget, the agent's settings for CartPole); choose the game's own group: "
+     "env=MsPacman"),
+    (("env=MinAtar-Breakout", "env.id=Pong"),
+     "env.id: 'Pong' is an Atari game, but env=MinAtar-Breakout chose the other settings "
+     "(env, budget, the agent's settings for MinAtar-Breakout); choose the game's own group: "
+     "env=Pong"),
+    (("env.id=MinAtar-Breakout",),
+     "env.id: 'MinAtar-Breakout' is a MinAtar game, but env=CartPole chose the other settings "
+     "(env, budget, the agent's settings for CartPole); choose the game's own group: "
+     "env=MinAtar-Breakout"),
+
+    # ...and passes where the group is of the id's family, or the id is no game: the next
+    # check speaks
+    (("env=Pong", "env.id=Breakout", "total_frames=0"),
+     "total_frames must be a positive number, got 0"),
+    (("env.id=Acrobot-v1", "total_frames=0"), "total_frames must be a positive number, got 0"),
 ])
 def test_bad_setting_is_one_line_naming_it(run_py_child: RunPyChild, tmp_path: Path,
                                            overrides: tuple[str, ...], line: str) -> None:
