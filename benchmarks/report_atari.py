@@ -262,6 +262,18 @@ def seed_curves(runs: list[AtariRun], grid: np.ndarray) -> np.ndarray:
                               grid) for r in runs])
 
 
+def min_max_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The curve drawn for an agent on a game from its seeds' curves, a ``[seeds, points]``
+    array with NaN where a seed has no point: the mean over the seeds that have one, and
+    the band from their lowest to their highest; NaN where no seed has one."""
+    seen = ~np.all(np.isnan(values), axis=0)
+    mean, low, high = (np.full(values.shape[1], np.nan) for _ in range(3))
+    mean[seen] = np.nanmean(values[:, seen], axis=0)
+    low[seen] = np.nanmin(values[:, seen], axis=0)
+    high[seen] = np.nanmax(values[:, seen], axis=0)
+    return mean, low, high
+
+
 def plot(sources: Sources, path: Path, levels: list[float], points: int = 400) -> None:
     """One panel per game (three to a row), one curve per agent: the mean over seeds of the
     20-episode mean return against env frames, the seeds' min-max as a band; on Pong each
@@ -291,12 +303,7 @@ def plot(sources: Sources, path: Path, levels: list[float], points: int = 400) -
         for agent, runs in drawn.items():
             if not runs:
                 continue
-            values = seed_curves(runs, grid)
-            seen = ~np.all(np.isnan(values), axis=0)
-            mean, low, high = (np.full(points, np.nan) for _ in range(3))
-            mean[seen] = np.nanmean(values[:, seen], axis=0)
-            low[seen] = np.nanmin(values[:, seen], axis=0)
-            high[seen] = np.nanmax(values[:, seen], axis=0)
+            mean, low, high = min_max_band(seed_curves(runs, grid))
             done = sum(r.result.counted for r in cells[agent, game])
             ax.plot(grid, mean, color=colours[agent],
                     label=f"{agent} (mean of {seeds_text(len(runs))}, {done} finished)")

@@ -1363,3 +1363,14 @@ def test_a_negative_ale_seconds_is_refused_naming_the_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         reproduce.main(atari_args(tmp_path / "pong", "--ale-seconds", "-1"))
     assert "--ale-seconds must be a number of seconds >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_the_atari_curve_is_the_mean_of_the_seeds_with_a_min_max_band():
+    """Two seeds, the second without its first point: the mean and band at each point over
+    the seeds that have it; NaN where none has."""
+    nan = np.nan
+    mean, low, high = report_atari.min_max_band(np.array([[1.0, nan, 4.0, nan],
+                                                          [3.0, 5.0, -2.0, nan]]))
+    np.testing.assert_array_equal(mean, [2.0, 5.0, 1.0, nan])
+    np.testing.assert_array_equal(low, [1.0, 5.0, -2.0, nan])
+    np.testing.assert_array_equal(high, [3.0, 5.0, 4.0, nan])
