@@ -3,8 +3,10 @@ between a live bar and plain lines (log.progress), and its config error."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -93,3 +95,39 @@ def test_bar_mode_draws_the_panel():
     text = out.getvalue()
     assert "frames 120,000 / 5,000,000 (2.4%)" in text and "eta 2m49s" in text
     assert "bound learner x2.3" in text and "cpu 1.9 of 2 cores" in text
+
+
+def test_the_eta_takes_the_speed_since_the_process_started_where_it_is_known():
+    # 4,880,000 frames to go: at 20,000 frames/s since the start, 244 s, whatever this
+    # report's own speed; without it, at the report's 28,900 frames/s, 169 s
+    assert format_line(dataclasses.replace(REPORT, fps=0.0, average_fps=20_000.0)).startswith(
+        "[distrl] frames=120000/5000000 (2.4%) fps=0 eta=4m04s ")
+    assert REPORT.eta_s == pytest.approx(4_880_000 / 28_900)
+
+
+def test_the_reporter_gives_the_eta_the_frames_per_s_since_the_process_started(monkeypatch):
+    """Two reports 10 s apart after a resume at 1,000 frames: 1,000 frames in the first,
+    none in the second (a replay run between its actors' bursts). The second shows fps 0
+    and the ETA at 1,000 frames over 20 s, 50 frames/s: 8,000 frames left, 160 s."""
+    from distrl.training import loop
+
+    shown: list[ProgressReport] = []
+    figures = SimpleNamespace(as_scalars=dict, cores=2.0, learner_rss=0.0, actors_rss=0.0)
+    split = SimpleNamespace(env_s=1.0, forward_s=1.0, step_s=1.0, actor_copy_s=0.0,
+                            learner_copy_s=0.0)
+    meter = SimpleNamespace(
+        measure=lambda *args: (figures, SimpleNamespace(scalars=dict)),
+        recent=lambda: (split, SimpleNamespace(figures={"cpu_busy": 1.0}, short="?")))
+    reporter = loop.Reporter(
+        SimpleNamespace(add_many=lambda scalars: None, write=lambda frames, line: None,
+                        mean_recent_return=lambda n: math.nan),
+        SimpleNamespace(throughput=lambda span: {}, report=lambda span: ({}, {})),
+        SimpleNamespace(updates=0), meter, 10_000, None,
+        SimpleNamespace(show=shown.append))
+    clock = iter([110.0, 120.0])
+    monkeypatch.setattr(loop.time, "monotonic", lambda: next(clock))
+    mark = reporter(2_000, (1_000, 0, 100.0), math.nan)
+    reporter(2_000, mark, math.nan)
+    assert [report.fps for report in shown] == [100.0, 0.0]
+    assert [report.average_fps for report in shown] == [100.0, 50.0]
+    assert shown[1].eta_s == pytest.approx(8_000 / 50.0)

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from distrl.telemetry.logging import format_value
@@ -50,6 +50,7 @@ class ProgressReport:
     split: dict[str, float] = field(default_factory=dict)  # seconds per SPLIT entry
     bound: str = "?"  # the diagnosis, e.g. "learner x2.3"
     extra: dict[str, float] = field(default_factory=dict)  # more figures, name -> value
+    average_fps: float = math.nan  # frames/s since this process started: the ETA's speed
 
     @property
     def done(self) -> float:
@@ -57,11 +58,13 @@ class ProgressReport:
 
     @property
     def eta_s(self) -> float:
-        """Seconds to the end of the budget at the current frames/s (NaN if unknown)."""
+        """Seconds to the end of the budget at the frames/s since this process started, or
+        the report's own where that is unknown (NaN if neither is known)."""
         left = max(self.total_frames - self.frames, 0)
         if left == 0:
             return 0.0
-        return left / self.fps if self.fps > 0 else math.nan
+        speed = self.average_fps if self.average_fps > 0 else self.fps
+        return left / speed if speed > 0 else math.nan
 
 
 def duration_text(seconds: float) -> str:
@@ -146,9 +149,7 @@ class ProgressDisplay:
         if self._live is None or time.monotonic() - self._refreshed < self.REFRESH_S:
             return
         last = self._last or ProgressReport(frames, self.total_frames, math.nan)
-        self._draw(ProgressReport(frames, last.total_frames, last.fps, last.cpu_busy,
-                                  last.cores, last.memory_bytes, last.split, last.bound,
-                                  last.extra))
+        self._draw(replace(last, frames=frames))
 
     def _draw(self, report: ProgressReport) -> None:
         from rich.console import Group

@@ -279,6 +279,7 @@ class Reporter:
                  ranks: distributed.RankInfo | None, display: ProgressDisplay):
         self.logger, self.feed, self.learner, self.meter = logger, feed, learner, meter
         self.total_frames, self.ranks, self.display = total_frames, ranks, display
+        self._start: tuple[int, float] | None = None  # frames and time of the first mark
 
     def __call__(self, frames: int, last: tuple[int, int, float],
                  mean_20_all_ranks: float) -> tuple[int, int, float]:
@@ -293,6 +294,11 @@ class Reporter:
         logger.add_many(figures.as_scalars())
         logger.add_many(diagnosis.scalars())
         fps = (frames - last[0]) / span  # all ranks
+        if self._start is None:
+            self._start = (last[0], last[2])
+        # A replay run's actors insert in bursts, so a report's own frames/s is often 0; the
+        # ETA takes the speed since this process started.
+        average_fps = (frames - self._start[0]) / max(now - self._start[1], 1e-9)
         shown, recent = self.meter.recent()  # the last few reports: steadier
         line = {
             "perf/fps": fps,
@@ -308,5 +314,5 @@ class Reporter:
             figures.learner_rss + figures.actors_rss,
             {"env": shown.env_s, "forward": shown.forward_s, "learn": shown.step_s,
              "copy": shown.actor_copy_s + shown.learner_copy_s},
-            recent.short, {k: v for k, v in line.items() if k != "perf/fps"}))
+            recent.short, {k: v for k, v in line.items() if k != "perf/fps"}, average_fps))
         return frames, learner.updates, now
