@@ -122,3 +122,34 @@ def test_an_impala_checkpoint_of_two_ranks_counts_this_ranks_frames_old_or_new(m
         run.restore({**state, "rng": None})
         restored.append(run.counters["frames"])
     assert restored == [12800, 12800]
+
+
+def test_a_resumed_run_continues_the_random_streams_its_checkpoint_saved(monkeypatch):
+    """Both families' restore puts back the global random streams (torch's samples IMPALA's
+    actions; numpy's and Python's): the draws after a restore are those that followed the
+    save, not those of the seed the process started with."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from distrl.runners import replay_family, unroll_family
+
+    monkeypatch.setattr(unroll_family, "restore_learner", lambda *args: None)
+    monkeypatch.setattr(replay_family, "restore_learner", lambda *args: None)
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    saved = checkpoint.rng_state()
+    expected = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    unroll = object.__new__(unroll_family.UnrollRun)  # only what restore() reads
+    unroll.learner, unroll.opt, unroll.counters = None, None, {"frames": 0, "elapsed_s": 0.0}
+    replay = object.__new__(replay_family.ReplayRun)
+    replay.learner, replay.opt, replay.loss, replay.replay = None, None, None, None
+    replay.rank = dataclasses.make_dataclass("Rank", ["ranks"])(None)
+    replay.counters = {"frames": 0, "elapsed_s": 0.0}
+    for run in (unroll, replay):
+        torch.manual_seed(99), np.random.seed(99), random.seed(99)
+        run.restore({"counters": {"frames": 640, "elapsed_s": 1.0}, "rng": saved})
+        assert torch.equal(torch.rand(3), expected[0])
+        assert np.array_equal(np.random.rand(3), expected[1])
+        assert [random.random() for _ in range(3)] == expected[2]
+        assert run.counters["frames"] == 640

@@ -444,3 +444,24 @@ def test_a_new_lr_reaches_a_resumed_replay_learner(tmp_path: Path) -> None:
     assert state["learner"]["updates"] == 3
     assert lr_of(state) == 0.0005
     assert state["learner"]["scheduler"]["base_lrs"] == [0.0005]
+
+
+def test_resume_auto_keeps_its_resume_overrides_only_when_it_resumes(tmp_path, capsys):
+    """A launcher's one command (``resume=auto log.name=job resume_overrides=[...]``) on its
+    first start, with no checkpoint yet, starts the run without the overrides (which apply
+    only to a resume, and would be refused without one); once the run has a checkpoint the
+    same command resumes it, its overrides kept."""
+    from distrl.run import checkpoint
+    from distrl.run.resume_settings import resolve_auto_resume
+
+    cfg = OmegaConf.create({"log": {"dir": str(tmp_path), "name": "job"}, "resume": "auto",
+                            "resume_overrides": ["total_frames"]})
+    first = resolve_auto_resume(cfg, {})
+    assert (first.resume, list(first.resume_overrides), first.log.name) == (None, [], "job")
+    checkpoint.save({"format": 1}, tmp_path / "job" / "checkpoints", 1)
+    again = resolve_auto_resume(cfg, {})
+    assert (again.resume, list(again.resume_overrides)) == (str(tmp_path / "job"),
+                                                             ["total_frames"])
+    assert capsys.readouterr().out.splitlines() == [
+        f"[distrl] resume=auto: no checkpoint in {tmp_path / 'job'}, starting the run there",
+        f"[distrl] resume=auto: continuing {tmp_path / 'job'} from its newest intact checkpoint"]

@@ -180,3 +180,42 @@ def test_a_second_run_py_on_a_running_directory_exits_2_naming_the_owner(
     assert first.returncode == 0, out[-2000:] + err[-2000:]
     assert "[distrl] checkpoint " in out
     assert not lock.exists()  # released when the run ended
+
+
+def test_a_resume_locks_its_run_directory_and_refuses_another_agents_checkpoint(
+        tmp_path: Path) -> None:
+    """``make_run_dir`` with ``resume``: the run directory is taken for the run (a second
+    resume is refused while the first holds it), and a checkpoint of another agent is
+    refused naming both (the Python API's only guard: run.py's settings merge refuses it
+    earlier)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from distrl.run import checkpoint
+    from distrl.training.run_dir import make_run_dir
+
+    run_dir = tmp_path / "run"
+    saved = checkpoint.save({"format": 1, "agent": "impala"}, run_dir / "checkpoints", 1)
+    settings = SimpleNamespace(resume=str(run_dir))
+    with contextlib.ExitStack() as owner:
+        found, state = make_run_dir(settings, "impala", owner)
+        assert found == run_dir and state.get("agent") == "impala"
+        with pytest.raises(ConfigError) as info:
+            make_run_dir(settings, "impala", contextlib.ExitStack())
+        assert str(info.value) == _expected_refusal(run_dir, "resume")
+    with pytest.raises(checkpoint.CheckpointError) as refused, contextlib.ExitStack() as owner:
+        make_run_dir(settings, "apex", owner)
+    assert str(refused.value) == (f"resume: checkpoint '{saved}' is from agent 'impala', "
+                                  f"not 'apex'")
+
+
+def test_a_stale_lock_with_a_longer_record_is_rewritten_whole(tmp_path: Path) -> None:
+    """A lock left unlocked by a dead owner whose record is longer than the new one's: the
+    new owner's record replaces it whole, so the next refusal can read who holds it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "distrl.lock").write_text(json.dumps(
+        {"pid": 1, "host": "h", "since": "s", "command": "x" * 4096}) + "\n")
+    with run_lock.take(run_dir):
+        owner = json.loads((run_dir / "distrl.lock").read_text())
+        assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
