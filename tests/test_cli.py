@@ -717,3 +717,19 @@ def test_a_sweep_job_with_bad_input_ends_the_sweep_with_exit_2(tmp_path: Path) -
     assert "Traceback" not in result.stderr
     (run,) = (tmp_path / "runs").iterdir()
     assert checkpoint.list_checkpoints(run / "checkpoints")
+
+
+def test_resume_naming_the_default_env_group_is_refused_for_another_env(
+        run_py_child: RunPyChild, tmp_path: Path) -> None:
+    """A run of CartPoleNoVelocity resumed with ``env=CartPole``, the default group: no
+    setting of the command line differs from the defaults, so only the group named on it
+    tells that another env was asked for; it is refused as another env.id is."""
+    runs = tmp_path / "runs"
+    assert run_py_child.run(runs, "env=CartPoleNoVelocity", "log.name=nv").returncode == 0
+    before = snapshot(runs / "nv")
+    result = run_py_child.run(runs, "env=CartPole", f"resume={runs / 'nv'}")
+    assert assert_bad_input(result) == (
+        "distrl: error: env.id: this run was started with 'CartPoleNoVelocity-v1', the "
+        "command line gives 'CartPole-v1'; to change it on resume add it to "
+        "resume_overrides, e.g. resume_overrides=[env.id]")
+    assert snapshot(runs / "nv") == before
