@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 import agents
 from distrl.config import ConfigError, atari_game_name, atari_game_names, register_configs
 from distrl.envs import atari_rom, is_atari
-from distrl.envs.minatar_envs import is_minatar
+from distrl.envs.minatar_envs import MINATAR_GAMES, is_minatar, minatar_game
 from distrl.run.checkpoint import CheckpointError
 from distrl.run.resume_settings import settings_of_run
 from distrl.run.supervisor import TooManyRestarts
@@ -127,12 +127,21 @@ def check_env_group(cfg: DictConfig) -> None:
     family = _game_family(cfg.env.id)
     if group is None or family is None or _game_family(group) == family:
         return
-    rom = atari_rom(cfg.env.id)
-    game = atari_game_name(rom) if rom else cfg.env.id
     article = "an" if family == "Atari" else "a"
     raise ConfigError(f"env.id: {cfg.env.id!r} is {article} {family} game, but env={group} "
                       f"chose the other settings (env, budget, the agent's settings for "
-                      f"{group}); choose the game's own group: env={game}")
+                      f"{group}); choose the game's own group: env={_group_of(cfg.env.id)}")
+
+
+def _group_of(env_id: str) -> str:
+    """The ``env=`` group of a game's id in any spelling: "ALE/MsPacman-v5" -> MsPacman,
+    "MinAtar/Breakout-v1" -> MinAtar-Breakout (an unknown MinAtar game is refused here,
+    naming the five)."""
+    if is_minatar(env_id):
+        module, _ = minatar_game(env_id)
+        return next(f"MinAtar-{name}" for name, mod in MINATAR_GAMES.items() if mod == module)
+    rom = atari_rom(env_id)
+    return atari_game_name(rom) if rom else env_id
 
 
 def run(cfg: DictConfig) -> int:

@@ -338,6 +338,14 @@ def test_a_signal_stops_the_run_after_its_final_checkpoint_with_128_plus_signal(
      "env.id: 'MinAtar-Breakout' is a MinAtar game, but env=CartPole chose the other settings "
      "(env, budget, the agent's settings for CartPole); choose the game's own group: "
      "env=MinAtar-Breakout"),
+    (("env.id=MinAtar/Breakout-v1",),  # the gym spelling names its group, not itself
+     "env.id: 'MinAtar/Breakout-v1' is a MinAtar game, but env=CartPole chose the other "
+     "settings (env, budget, the agent's settings for CartPole); choose the game's own "
+     "group: env=MinAtar-Breakout"),
+    (("env.id=MinAtar/Pacman-v1",),  # no such game: named with the five there are
+     "env.id: 'MinAtar/Pacman-v1' names no MinAtar game; expected one of MinAtar-Asterix, "
+     "MinAtar-Breakout, MinAtar-Freeway, MinAtar-Seaquest, MinAtar-SpaceInvaders (or "
+     "MinAtar/<Game>-v0, all actions, or -v1, the minimal set)"),
 
     # ...and passes where the group is of the id's family, or the id is no game: the next
     # check speaks
