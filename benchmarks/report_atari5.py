@@ -125,9 +125,9 @@ def has_scores(suite: Suite) -> bool:
 
 def markdown(suite: Suite, suite_dir: Path, reps: int = 2000, seed: int = 0) -> str:
     grid = read_json(suite_dir / GRID) or {}
-    budget = frames(grid["frames"]) if "frames" in grid else "the grid's"
+    budget = frames(grid["frames"]) if "frames" in grid else "the grid's frames"
     lines = [
-        f"### Atari: human-normalised scores at {budget} frames ({suite_dir.name})",
+        f"### Atari: human-normalised scores at {budget} ({suite_dir.name})",
         "",
         f"Protocol: {protocol_text(grid)}. Final return: mean training return of each run's "
         "last 100 episodes, averaged over the finished seeds, with its 95% bootstrap "

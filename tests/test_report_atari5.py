@@ -55,7 +55,8 @@ def test_per_game_hns_and_the_atari5_estimate_of_each_seed(tmp_path):
     # resample of the 10 pooled runs would spread it
     iqm = f"{sum(middle) / 3:.1f}"
     assert f"IQM of HNS over 5 games and 10 runs {iqm}% [{iqm}, {iqm}]." in table
-    assert "at 10.0M frames" in table.splitlines()[0]
+    heading = f"### Atari: human-normalised scores at 10.0M frames ({tmp_path.name})"
+    assert table.splitlines()[0] == heading
     assert "Protocol: the papers' (up to 30 no-op starts, no sticky actions)" in table
 
 
