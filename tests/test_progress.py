@@ -7,6 +7,7 @@ import dataclasses
 import io
 import math
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -105,10 +106,9 @@ def test_the_eta_takes_the_speed_since_the_process_started_where_it_is_known():
     assert REPORT.eta_s == pytest.approx(4_880_000 / 28_900)
 
 
-def test_the_reporter_gives_the_eta_the_frames_per_s_since_the_process_started(monkeypatch):
-    """Two reports 10 s apart after a resume at 1,000 frames: 1,000 frames in the first,
-    none in the second (a replay run between its actors' bursts). The second shows fps 0
-    and the ETA at 1,000 frames over 20 s, 50 frames/s: 8,000 frames left, 160 s."""
+def reporter_at(monkeypatch, times: list[float]) -> tuple[Any, list[ProgressReport]]:
+    """A loop.Reporter of a 10,000-frame run whose reports come at ``times`` (monotonic
+    seconds), and the reports it shows."""
     from distrl.training import loop
 
     shown: list[ProgressReport] = []
@@ -124,10 +124,32 @@ def test_the_reporter_gives_the_eta_the_frames_per_s_since_the_process_started(m
         SimpleNamespace(throughput=lambda span: {}, report=lambda span: ({}, {})),
         SimpleNamespace(updates=0), meter, 10_000, None,
         SimpleNamespace(show=shown.append))
-    clock = iter([110.0, 120.0])
+    clock = iter(times)
     monkeypatch.setattr(loop.time, "monotonic", lambda: next(clock))
+    return reporter, shown
+
+
+def test_the_reporter_gives_the_eta_the_frames_per_s_since_the_process_started(monkeypatch):
+    """Two reports 10 s apart after a resume at 1,000 frames at 100 s: 1,000 frames in the
+    first, none in the second (a replay run between its actors' bursts). The second's
+    frames/s and ETA are at 1,000 frames over 20 s, 50 frames/s: 8,000 frames left, 160 s,
+    not the report's own 0."""
+    reporter, shown = reporter_at(monkeypatch, [110.0, 120.0])
     mark = reporter(2_000, (1_000, 0, 100.0), math.nan)
     reporter(2_000, mark, math.nan)
-    assert [report.fps for report in shown] == [100.0, 0.0]
+    assert [report.fps for report in shown] == [100.0, 50.0]
     assert [report.average_fps for report in shown] == [100.0, 50.0]
     assert shown[1].eta_s == pytest.approx(8_000 / 50.0)
+
+
+def test_the_line_shows_the_frames_per_s_of_the_last_five_minutes(monkeypatch):
+    """Resumed at 1,000 frames at 100 s; reports at 200 s (11,000 frames), 400 s (no new
+    frames) and 700 s (41,000). At 400 s the window reaches back to the start: 10,000
+    frames over 300 s; at 700 s to the report of 400 s: 30,000 frames over 300 s, 100
+    frames/s, where the run's average since its start is 40,000 over 600 s."""
+    reporter, shown = reporter_at(monkeypatch, [200.0, 400.0, 700.0])
+    mark = (1_000, 0, 100.0)
+    for frames in (11_000, 11_000, 41_000):
+        mark = reporter(frames, mark, math.nan)
+    assert [report.fps for report in shown] == pytest.approx([100.0, 10_000 / 300, 100.0])
+    assert shown[2].average_fps == pytest.approx(40_000 / 600)

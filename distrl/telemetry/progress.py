@@ -43,7 +43,7 @@ class ProgressReport:
 
     frames: int
     total_frames: int
-    fps: float  # frames/s of the run since the last report
+    fps: float  # frames/s over the last reports (distrl.training.loop.FPS_WINDOW_S), all ranks
     cpu_busy: float = math.nan  # cores busy (learner process and children)
     cores: float = math.nan
     memory_bytes: float = math.nan  # resident bytes of the learner process and children

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -270,6 +271,12 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
     return frames
 
 
+# The progress line's frames/s spans this many seconds of reports: a replay run's actors,
+# held to the replay ratio, insert in bursts a minute or more apart (Ape-X on Pong on 2
+# cores: 9,600 transitions about every 90 s), so one report's own figure is mostly 0.
+FPS_WINDOW_S = 300.0
+
+
 class Reporter:
     """Each report: the feed's figures and the throughput diagnosis to tensorboard, and the
     progress line (or bar) to the console."""
@@ -280,6 +287,7 @@ class Reporter:
         self.logger, self.feed, self.learner, self.meter = logger, feed, learner, meter
         self.total_frames, self.ranks, self.display = total_frames, ranks, display
         self._start: tuple[int, float] | None = None  # frames and time of the first mark
+        self._marks: deque[tuple[int, float]] = deque()  # (frames, time) of recent reports
 
     def __call__(self, frames: int, last: tuple[int, int, float],
                  mean_20_all_ranks: float) -> tuple[int, int, float]:
@@ -296,8 +304,14 @@ class Reporter:
         fps = (frames - last[0]) / span  # all ranks
         if self._start is None:
             self._start = (last[0], last[2])
-        # A replay run's actors insert in bursts, so a report's own frames/s is often 0; the
-        # ETA takes the speed since this process started.
+            self._marks.append(self._start)
+        self._marks.append((frames, now))
+        # the base: the newest mark at least FPS_WINDOW_S old, or the process's start
+        while len(self._marks) > 2 and now - self._marks[1][1] >= FPS_WINDOW_S:
+            self._marks.popleft()
+        base = self._marks[0]
+        window_fps = (frames - base[0]) / max(now - base[1], 1e-9)
+        # the ETA takes the speed since this process started
         average_fps = (frames - self._start[0]) / max(now - self._start[1], 1e-9)
         shown, recent = self.meter.recent()  # the last few reports: steadier
         line = {
@@ -310,7 +324,7 @@ class Reporter:
         }
         logger.write(frames, line)
         self.display.show(ProgressReport(
-            frames, self.total_frames, fps, recent.figures["cpu_busy"], figures.cores,
+            frames, self.total_frames, window_fps, recent.figures["cpu_busy"], figures.cores,
             figures.learner_rss + figures.actors_rss,
             {"env": shown.env_s, "forward": shown.forward_s, "learn": shown.step_s,
              "copy": shown.actor_copy_s + shown.learner_copy_s},
