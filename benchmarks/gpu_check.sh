@@ -7,6 +7,10 @@
 #
 # Steps (ALL_STEPS below): build, tests, kernels, fps-impala, fps-apex, fps-r2d2, fps-seed,
 # fps-seed-r2d2; with none named it runs them all, in that order; a failed build stops it.
+# Not in ALL_STEPS, named when wanted: runs, a real run of RUN_SECONDS (default 120) of
+# each agent's Atari preset on Pong (RUN_PRESETS) with the learner on DEVICE (default
+# cuda), its tensorboard events copied to $OUT/runs/<preset>/ and its diagnosis printed
+# (python -m distrl.diagnose): figures of a run, where the fps steps time a window.
 # Each step has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
 # so one hung step cannot eat the others. Wheels in .whl/ (packages the GPU machine
 # lacks: gymnasium, ale-py, hydra-core, ...) are installed first when that folder exists.
@@ -95,8 +99,22 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
             agent.device=cuda agent.r2d2.learning_starts=64 --repeats "${REPEATS:-3}" \
             --warmup-updates 2 --updates 10
         ;;
+    runs)  # RUN_PRESETS: which presets (default: every agent's Atari preset)
+        for preset in ${RUN_PRESETS:-atari_short_appo atari_short_apex atari_short_r2d2 \
+                atari_short_seed_appo atari_short_seed_r2d2}; do
+            rm -rf "/tmp/gpu-runs/$preset"
+            # SIGTERM at RUN_SECONDS: the run checkpoints and exits 143, as a stopped run does
+            run_step "run-$preset" $((${RUN_SECONDS:-120} + 90)) timeout -s TERM -k 60 \
+                "${RUN_SECONDS:-120}" "$PY" run.py +experiment="$preset" env=Pong \
+                agent.device="${DEVICE:-cuda}" eval.episodes=0 log.progress=lines \
+                log.dir=/tmp/gpu-runs log.name="$preset"
+            mkdir -p "$OUT/runs/$preset"
+            cp /tmp/gpu-runs/"$preset"/events.out.* "$OUT/runs/$preset/"
+            run_step "run-$preset" 60 "$PY" -m distrl.diagnose "/tmp/gpu-runs/$preset"
+        done
+        ;;
     *)
-        echo "gpu_check: unknown step $step (allowed: ${ALL_STEPS[*]})" >&2
+        echo "gpu_check: unknown step $step (allowed: ${ALL_STEPS[*]} runs)" >&2
         exit 2
         ;;
     esac
