@@ -53,21 +53,45 @@ def ale_random_fps(
     return steps * frame_skip / elapsed
 
 
+# Cores that other processes kept busy while ale-py was timed, above which its figure is
+# not "alone": a grid started beside another run (or a second grid timing at once).
+BUSY_ELSEWHERE_LIMIT = 0.25
+
+
+def busy_seconds() -> tuple[float, float]:
+    """CPU seconds spent so far by the whole machine (every core, all but idle and I/O
+    wait) and by this process (its threads: ale-py's vector env steps in them)."""
+    import psutil
+
+    machine = psutil.cpu_times()
+    idle = machine.idle + getattr(machine, "iowait", 0.0)
+    own = psutil.Process().cpu_times()
+    return sum(machine) - idle, own.user + own.system
+
+
 def ale_alone(games: list[str], seconds: float) -> dict[str, Any]:
     """ale-py alone on each of ``games`` (ALE names, e.g. ``Pong``) for ``seconds`` each,
     as many envs as sizing gives one actor on 2 cores (two groups), on every core, with
-    the env's default frame skip: the record ``reproduce.py`` keeps with each attempt."""
+    the env's default frame skip: the record ``reproduce.py`` keeps with each attempt,
+    with ``busy_elsewhere``, the cores other processes kept busy meanwhile (a figure
+    above :data:`BUSY_ELSEWHERE_LIMIT` was not timed alone)."""
     from distrl.config import EnvConfig
     from distrl.envs import atari_rom
     from distrl.training.sizing import ATARI_ENVS_PER_GROUP
 
     envs, threads, frame_skip = 2 * ATARI_ENVS_PER_GROUP, os.cpu_count() or 1, \
         EnvConfig().frame_skip
-    figures = {}
-    for game in games:
-        rom = atari_rom(game)
+    roms = {game: atari_rom(game) for game in games}
+    for game, rom in roms.items():
         if rom is None:
             raise ValueError(f"{game!r} names no ALE ROM")
-        figures[game] = round(ale_random_fps(rom, envs, threads, frame_skip, seconds), 1)
+    figures = {}
+    (machine_before, own_before), start = busy_seconds(), time.monotonic()
+    for game, rom in roms.items():
+        figures[game] = round(ale_random_fps(str(rom), envs, threads, frame_skip, seconds), 1)
+    (machine_after, own_after), elapsed = busy_seconds(), time.monotonic() - start
+    elsewhere = ((machine_after - machine_before) - (own_after - own_before)) / max(elapsed,
+                                                                                    1e-9)
     return {"machine": machine_name(), "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "envs": envs, "threads": threads, "seconds": seconds, "frames_per_s": figures}
+            "envs": envs, "threads": threads, "seconds": seconds, "frames_per_s": figures,
+            "busy_elsewhere": round(max(elsewhere, 0.0), 2)}

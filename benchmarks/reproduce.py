@@ -51,7 +51,9 @@ gap over 5 minutes), or None where it never did. An Atari run also keeps every e
 frames, raw return and wall time in ``episodes.csv`` beside its ``summary.json`` (``curve.py
 --csv``'s file; a few thousand episodes on Pong), and, for each attempt, ale-py's frames/s
 alone on the machine it ran on (``ale_alone``: timed by ``ale_speed.py`` for
-``--ale-seconds`` on each game before the invocation's first run starts). The exit code
+``--ale-seconds`` on each game before the invocation's first run starts, with the cores
+other processes kept busy meanwhile, ``busy_elsewhere``; above 0.25 the line says the
+figure was not alone, and the report leaves it out). The exit code
 is 1 when a run failed, and the last line lists the failed runs.
 
 ``--archive DIR`` (the MinAtar suite of docs/results.md uses ``results/minatar/suite``, which is
@@ -94,7 +96,7 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import carry  # noqa: E402
-from ale_speed import ale_alone  # noqa: E402
+from ale_speed import BUSY_ELSEWHERE_LIMIT, ale_alone  # noqa: E402
 from attempt_record import read_episodes, summarise, write_episodes  # noqa: E402
 from grid_plan import (  # noqa: E402
     Run,
@@ -398,10 +400,13 @@ def time_ale(args: argparse.Namespace, runs: list[Run]) -> dict[str, Any] | None
         return None
     games = list(dict.fromkeys(run.game for run in runs))
     figures = ale_alone(games, args.ale_seconds)
+    busy = figures.get("busy_elsewhere", 0.0)
     print(f"[reproduce] ale-py alone on {figures['machine']} ({figures['envs']} envs, "
           f"{figures['threads']} threads, random actions, {args.ale_seconds:g} s each): "
           + ", ".join(f"{game} {fps:,.0f} frames/s"
-                      for game, fps in figures["frames_per_s"].items()), flush=True)
+                      for game, fps in figures["frames_per_s"].items())
+          + (f" (not alone: other processes kept {busy:.2f} cores busy)"
+             if busy > BUSY_ELSEWHERE_LIMIT else ""), flush=True)
     return figures
 
 

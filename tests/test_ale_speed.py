@@ -4,7 +4,9 @@ keeps them with each attempt of an Atari run."""
 from __future__ import annotations
 
 import sys
+from collections import namedtuple
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,6 +75,30 @@ def test_ale_alone_times_each_game_as_a_run_steps_it_and_refuses_a_name_that_is_
     assert figures["machine"] == ale_speed.machine_name()
     with pytest.raises(ValueError, match="'NoSuchGame' names no ALE ROM"):
         ale_speed.ale_alone(["NoSuchGame"], 5.0)
+    assert calls[2:] == []  # refused before any game is timed
+
+
+def test_ale_alone_says_how_many_cores_other_processes_kept_busy_meanwhile(monkeypatch):
+    """Over 10 s of timing the machine spent 30 CPU seconds, this process 20 of them (its
+    ale-py threads): other processes kept 1.0 core busy."""
+    busy = iter([(100.0, 10.0), (130.0, 30.0)])
+    ticks = iter([50.0, 60.0])
+    monkeypatch.setattr(ale_speed, "busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(ale_speed.time, "monotonic", lambda: next(ticks))
+    monkeypatch.setattr(ale_speed, "ale_random_fps", lambda *args: 1000.0)
+    assert ale_speed.ale_alone(["Pong"], 5.0)["busy_elsewhere"] == 1.0
+
+
+def test_busy_seconds_counts_every_state_of_the_machine_but_idle_and_io_wait(monkeypatch):
+    """The machine: 10 + 1 + 2 busy of 68 s; this process: its own user and system time,
+    not its children's (ale-py steps in threads)."""
+    import psutil
+
+    machine = namedtuple("scputimes", "user nice system idle iowait")(10.0, 1.0, 2.0, 50.0, 5.0)
+    own = SimpleNamespace(user=3.0, system=1.0, children_user=9.0)  # children: not ale-py's
+    monkeypatch.setattr(psutil, "cpu_times", lambda: machine)
+    monkeypatch.setattr(psutil, "Process", lambda: SimpleNamespace(cpu_times=lambda: own))
+    assert ale_speed.busy_seconds() == (13.0, 4.0)
 
 
 def test_ale_py_itself_steps_and_is_timed():

@@ -1347,6 +1347,34 @@ def test_ale_py_is_timed_once_before_the_first_run_and_kept_with_every_attempt(
                        "s2 6,000 (Test CPU, 2 cores)")
 
 
+def test_a_timing_beside_other_work_is_said_so_and_left_out_of_the_alone_figures(
+        tmp_path, monkeypatch, capsys):
+    """Seed 1 stops in its first attempt, timed alone (6,000 frames/s); a second
+    invocation, timed while other processes kept a core busy (3,000), finishes it and runs
+    seed 2. The second says so on its line; the report keeps 6,000 as seed 1's figure and
+    counts the other, and seed 2, timed only beside other work, is "not timed alone"."""
+    atari_presets(tmp_path, monkeypatch, "appo")
+    out = tmp_path / "pong"
+    monkeypatch.setenv("FAKE_FAIL", "appo-Pong-s1")
+    assert reproduce.main(atari_args(out, seeds=("1",))) == 1
+    monkeypatch.delenv("FAKE_FAIL")
+    capsys.readouterr()
+
+    def crowded(games: list[str], seconds: float) -> dict:
+        return {"machine": TEST_MACHINE, "measured": "2026-12-03T14:47:00", "envs": 64,
+                "threads": 2, "seconds": seconds, "busy_elsewhere": 1.0,
+                "frames_per_s": {game: 3000.0 for game in games}}
+
+    monkeypatch.setattr(reproduce, "ale_alone", crowded)
+    assert reproduce.main(atari_args(out, seeds=("1", "2"))) == 0
+    assert ("Pong 3,000 frames/s (not alone: other processes kept 1.00 cores busy)"
+            in capsys.readouterr().out)
+    report.main([str(out)])
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    assert row[-2] == ("s1 6,000 (Test CPU, 2 cores; 1 timing not alone); "
+                       "s2 not timed alone (1 timing not alone)")
+
+
 def test_ale_py_is_not_timed_with_ale_seconds_0_nor_for_minatar(tmp_path, monkeypatch,
                                                                  ale_timings, capsys):
     assert reproduce.main(grid_args(tmp_path / "minatar", agents=("apex",))) == 0
