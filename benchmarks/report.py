@@ -7,9 +7,11 @@
 
 The suite is ``--suite``'s, else the one the directory's ``grid.json`` names (MinAtar where it
 names none). ``--write FILE...`` (also spelled ``--readme-table``) puts the tables into each
-FILE between their markers, the same block in every file: a MinAtar suite's between
+FILE between their markers: a MinAtar suite's tables between
 ``<!-- minatar-results:begin -->`` and ``<!-- minatar-results:end -->`` (appended with them
-to a file that lacks them). Every file is checked before any is written. An Atari suite's
+to a file that lacks them), and its summary, one row per agent, between
+``<!-- minatar-summary:begin -->`` and ``<!-- minatar-summary:end -->`` where a file (the
+README) holds those instead. An Atari suite's
 report is ``report_atari.py``'s: per game and agent, each
 seed's frames and run time to a 20-episode mean of 0 and +18, the evaluation return per
 seed and over seeds, frames/s and the command; with a game of the Atari-5 set,
@@ -17,7 +19,8 @@ seed and over seeds, frames/s and the command; with a game of the Atari-5 set,
 panel per game and one curve per agent (mean over seeds, min-max band). ``--write``
 puts Pong's table between ``<!-- atari-results:start -->`` and ``<!-- atari-results:end
 -->`` and the score table between ``<!-- atari5-results:start -->`` and ``<!--
-atari5-results:end -->``, which each file must hold. An Atari report may read several
+atari5-results:end -->``, which each file must hold (every file is checked before any is
+written). An Atari report may read several
 directories (each agent's grid, say): one table and one PNG, an agent's seeds pooled over
 them, a seed two of them hold refused. The rest of this docstring is the MinAtar report's.
 
@@ -55,6 +58,7 @@ import report_atari5  # noqa: E402
 from report_cells import (  # noqa: E402
     CELL_TABLE_HEADER,
     Cell,
+    baseline,
     cell_row,
     fmt_ci,
     iqm_row,
@@ -88,6 +92,9 @@ from suite_stats import (  # noqa: E402
 )
 
 BEGIN, END = "<!-- minatar-results:begin -->", "<!-- minatar-results:end -->"
+# The README's short block: one row per agent (summary_markdown)
+SUMMARY_BEGIN, SUMMARY_END = "<!-- minatar-summary:begin -->", "<!-- minatar-summary:end -->"
+RESULTS_PAGE = "docs/results.md#minatar"  # where the summary sends a reader for the rest
 
 
 def markdown(suite: Suite, reps: int, seed: int, title: str,
@@ -128,6 +135,52 @@ def markdown(suite: Suite, reps: int, seed: int, title: str,
         lines += ["", supplement_section(suite, extra, name, reps, seed, methods).rstrip("\n")]
     lines += ["", ci_note(methods, reps), "", throughput_table(suite)]
     return "\n".join(lines)
+
+
+def summary_markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
+    """The README's block: per agent, the games whose mean final return reached its
+    baseline (the per-game table's "reached") and the IQM across games (x DQN) with its
+    CI, the same figures as :func:`markdown`'s tables, which hold the rest."""
+    methods: set[str] = set()
+    cells = suite_cells(suite, reps, seed, methods)
+    rows = []
+    for agent in suite.agents:
+        mine = [cell for cell in cells.values() if cell.agent == agent]
+        reached = sum(1 for cell in mine if cell.reached)
+        short = [cell.game for cell in mine if cell.reached is False]
+        unknown = len(mine) - reached - len(short)
+        games = f"{reached} of {len(mine)}"
+        if short:
+            games += f" (not {', '.join(short)})"
+        if unknown:
+            games += f"; {unknown} without a finished run or a reference"
+        agg = iqm_stats(suite, agent, reps, seed, methods)
+        iqm = "—" if agg.iqm is None else f"{agg.iqm:.2f} {fmt_ci(agg.low, agg.high, 2)}"
+        rows.append(f"| {agent} | {baseline(agent) or '—'} | {games} | {iqm} | {agg.runs} |")
+    return "\n".join([
+        f"### MinAtar, {title}",
+        "",
+        f"Final return: each run's mean training return over its last {FINAL_EPISODES} "
+        "episodes, averaged over seeds; reached: that mean is at least the MinAtar paper's "
+        f"baseline at {frames(REFERENCE_FRAMES)}. IQM: interquartile mean over every run of "
+        f"every game of final return / {NORMALISER}'s, with its 95% bootstrap CI. Per game "
+        f"and seed, with evaluation returns and wall times: [the results page]({RESULTS_PAGE}).",
+        "",
+        "| agent | baseline | games reached | IQM (x DQN) [95% CI] | runs |",
+        "|---|---|---|---|---:|",
+        *rows,
+    ]) + "\n"
+
+
+def minatar_blocks(path: Path, table: str, summary: str) -> list[tuple[str, str, str]]:
+    """What ``--write`` puts into ``path``: the summary where it holds the summary's
+    markers (the README), the full tables where it holds theirs, and the full tables
+    (appended) where it holds neither."""
+    text = path.read_text() if path.exists() else ""
+    blocks = [(block, begin, end) for block, begin, end in
+              ((summary, SUMMARY_BEGIN, SUMMARY_END), (table, BEGIN, END))
+              if begin in text and end in text]
+    return blocks or [(table, BEGIN, END)]
 
 
 def supplement_section(suite: Suite, extra: Suite, name: str, reps: int, seed: int,
@@ -378,7 +431,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"report: --supplement: {error}") from None
     print(table, end="")
     if args.write:
-        write_tables(args.write, [(table, BEGIN, END)])
+        summary = summary_markdown(suite, args.reps, args.seed, budget_title(args.suite, suite))
+        for path in dict.fromkeys(args.write):
+            write_tables([path], minatar_blocks(path, table, summary))
     if args.png:
         from report_plot import plot
 

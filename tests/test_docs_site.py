@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MINATAR_MARKER = "<!-- minatar-results:begin -->"
+MINATAR_MARKER = "<!-- minatar-summary:begin -->"  # benchmarks/report.py SUMMARY_BEGIN
 README_MAX_LINES = 250
 RESULTS_WITHIN = 100  # the results summary starts within the README's first lines
 

@@ -496,6 +496,38 @@ def test_one_command_writes_the_same_block_into_the_readme_and_the_results_page(
     assert (readme.read_text(), page.read_text()) == (readme_text, page_text)
 
 
+def test_a_file_with_the_summary_markers_gets_one_row_per_agent_with_the_tables_figures(
+        tmp_path):
+    """The README holds the summary's markers, the results page the tables': IMPALA
+    reaches AC(0.8) on Breakout (17.5) with 18.0 and 19.0, not on Seaquest (15) with 10.0
+    twice; Ape-X's one game, Breakout, has no finished run. The summary's IQM is the
+    tables' IQM row, and the README gets no full table."""
+    suite_dir = tmp_path / "suite"
+    for seed in range(2):
+        make_run(suite_dir, "impala", "Breakout", seed, [18.0 + seed] * 100)
+        make_run(suite_dir, "impala", "Seaquest", seed, [10.0] * 100)
+    make_run(suite_dir, "apex", "Breakout", 0, [5.0] * 100, 2_000_000, status=None)
+    (suite_dir / suite.GRID).write_text(json.dumps({
+        "agents": ["impala", "apex"], "games": ["Breakout", "Seaquest"], "seeds": [0, 1],
+        "frames": 5_000_000,
+        "games_by_agent": {"impala": ["Breakout", "Seaquest"], "apex": ["Breakout"]}}))
+    readme, page = tmp_path / "README.md", tmp_path / "results.md"
+    readme.write_text(f"# distrl\n\n{report.SUMMARY_BEGIN}\nold\n{report.SUMMARY_END}\nkept\n")
+    page.write_text(f"{report.BEGIN}\nolder\n{report.END}\n")
+    report.main([str(suite_dir), "--write", str(readme), str(page), "--reps", "100"])
+    text = readme.read_text()
+    assert report.BEGIN not in text and text.endswith(f"{report.SUMMARY_END}\nkept\n")
+    summary = text.split(report.SUMMARY_BEGIN)[1].split(report.SUMMARY_END)[0]
+    assert summary.startswith("\n### MinAtar, 5M frames\n")
+    impala = next(line for line in summary.splitlines() if line.startswith("| impala |"))
+    iqm = next(line for line in page.read_text().splitlines()
+               if line.startswith("| impala |") and "/2 |" in line)
+    iqm_cells = [cell.strip() for cell in iqm.strip("|").split("|")]
+    assert impala == (f"| impala | AC(0.8) | 1 of 2 (not Seaquest) | "
+                      f"{iqm_cells[1]} {iqm_cells[2]} | 4 |")
+    assert "| apex | DQN | 0 of 1; 1 without a finished run or a reference | — | 0 |" in summary
+
+
 def test_seed_band_is_the_mean_and_a_bootstrap_band_where_two_seeds_have_data():
     values = np.array([[1.0, 2.0, np.nan], [3.0, 2.0, 5.0]])
     mean, low, high = report_plot.seed_band(values, 500, np.random.default_rng(0))
