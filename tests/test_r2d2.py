@@ -146,6 +146,28 @@ def test_transformed_double_q_td_and_priority_hand_case():
     assert priority.item() == pytest.approx(0.9 * max(deltas) + 0.1 * sum(deltas) / 2, abs=1e-6)
 
 
+def test_a_step_that_ends_the_episode_is_trained_on_its_reward_alone():
+    """The hand case above, but the episode terminates at slot 1 (slot 2 is padding): t=0
+    still bootstraps from slot 1 (y_0 = h(3)); t=1 has no bootstrap, y_1 = h(2) =
+    sqrt(3) - 1 + 0.002, whatever the target net says at the padding slot (h(8) there)."""
+    h = value_rescale
+    q_online = torch.tensor([[[0.5, 9.0]], [[0.0, 1.0]], [[1.0, 0.0]]])
+    q_target = torch.tensor([[[0.0, 0.0]], [[5.0, float(h(torch.tensor(4.0)))]],
+                             [[float(h(torch.tensor(8.0))), 7.0]]])
+    batch = SequenceSample(
+        indices=torch.tensor([0]), weights=torch.ones(1), observations=torch.zeros(3, 1, 3),
+        prev_actions=torch.tensor([[-1], [0], [1]]), prev_rewards=torch.zeros(3, 1),
+        actions=torch.tensor([[0], [1], [0]]), rewards=torch.tensor([[1.0], [2.0], [0.0]]),
+        terminated=torch.tensor([[False], [True], [False]]),
+        valid=torch.tensor([[True], [True], [False]]),
+        stored_state=torch.zeros(1, 0), start_state=torch.zeros(1, 0))
+    td, mask = sequence_td_errors(q_online, q_target, batch, burn_in=0, trace_length=2, n=1,
+                                  discount=0.5, rescale_epsilon=1e-3)
+    assert mask.flatten().tolist() == [True, True]
+    assert td.flatten().tolist() == pytest.approx([0.503, math.sqrt(3) - 1 + 0.002 - 1.0],
+                                                  abs=1e-6)
+
+
 def test_staleness_is_zero_for_the_burned_in_state_and_grows_with_the_gap():
     model, batch = small_model(), random_sample()
     loss = R2D2Loss(model, target_update_interval=10, burn_in=0, trace_length=5, n_step=2,
