@@ -112,6 +112,22 @@ def test_truncation_emits_open_sequences_padded_without_terminal_flags():
     assert not batch.terminated.any()
 
 
+def test_a_second_begin_ends_the_episode_after_its_last_taken_step():
+    """Steps 0-2 taken, then begin again (a new episode, as after an env reset): the open
+    sequences end at step 2, the observation of step 3 (no action taken in it) is not a
+    real step; the same slots as the truncation above."""
+    writer = fresh_writer()
+    for t in range(3):
+        step_env(writer, t)
+    writer.begin(torch.tensor([[9.0]]), (torch.tensor([[109.0]]),))
+    batch = writer.flush()
+    assert batch.size == 2  # s = 0 and s = 2
+    assert batch.valid.tolist() == [[False, False, True, True, True, False, False],
+                                    [True, True, True, False, False, False, False]]
+    assert batch.actions[:, 4].tolist() == [0, 0]  # step 2's action, then padding
+    assert not batch.terminated.any()
+
+
 def test_as_sample_rebuilds_time_major_observations_from_kept_frames():
     writer = SequenceWriter(2, burn_in=1, trace_length=2, period=1, bootstrap=1, frame_stack=2)
     first = torch.arange(2 * 2 * 3, dtype=torch.uint8).view(2, 2, 3)  # [N, stack, frame]
