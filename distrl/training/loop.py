@@ -273,7 +273,7 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
 
 # The progress line's frames/s spans this many seconds of reports: a replay run's actors,
 # held to the replay ratio, insert in bursts a minute or more apart (Ape-X on Pong on 2
-# cores: 9,600 transitions about every 90 s), so one report's own figure is mostly 0.
+# cores: 9,600 transitions about every 100 s), so one report's own figure is mostly 0.
 FPS_WINDOW_S = 300.0
 
 
