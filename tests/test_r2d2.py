@@ -119,13 +119,10 @@ def test_trained_steps_hand_case():
     ]
 
 
-def test_transformed_double_q_td_and_priority_hand_case():
-    """No burn-in, m = 2, n = 1, gamma = 0.5, rewards [1, 2], actions [0, 1].
-    t=0: the online net picks a*=1 at slot 1, the target net says h(4) there:
-         y_0 = h(1 + 0.5 * 4) = h(3) = 1 + 0.003; q(s_0, 0) = 0.5 -> delta 0.503.
-    t=1: a*=0 at slot 2 (target h(8)): y_1 = h(2 + 0.5 * 8) = h(6) = sqrt(7) - 1 + 0.006;
-         q(s_1, 1) = 1 -> delta sqrt(7) - 1.994.
-    p = 0.9 max + 0.1 mean."""
+def hand_case_td(terminated: list[bool], valid: list[bool]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """sequence_td_errors of the hand case below (no burn-in, m = 2, n = 1, gamma = 0.5,
+    rewards [1, 2], actions [0, 1]) with the given per-slot terminations and validity."""
     h = value_rescale
     q_online = torch.tensor([[[0.5, 9.0]], [[0.0, 1.0]], [[1.0, 0.0]]])
     q_target = torch.tensor([[[0.0, 0.0]], [[5.0, float(h(torch.tensor(4.0)))]],
@@ -134,10 +131,20 @@ def test_transformed_double_q_td_and_priority_hand_case():
         indices=torch.tensor([0]), weights=torch.ones(1), observations=torch.zeros(3, 1, 3),
         prev_actions=torch.tensor([[-1], [0], [1]]), prev_rewards=torch.zeros(3, 1),
         actions=torch.tensor([[0], [1], [0]]), rewards=torch.tensor([[1.0], [2.0], [0.0]]),
-        terminated=torch.zeros(3, 1, dtype=torch.bool), valid=torch.ones(3, 1, dtype=torch.bool),
+        terminated=torch.tensor(terminated).unsqueeze(1), valid=torch.tensor(valid).unsqueeze(1),
         stored_state=torch.zeros(1, 0), start_state=torch.zeros(1, 0))
-    td, mask = sequence_td_errors(q_online, q_target, batch, burn_in=0, trace_length=2, n=1,
-                                  discount=0.5, rescale_epsilon=1e-3)
+    return sequence_td_errors(q_online, q_target, batch, burn_in=0, trace_length=2, n=1,
+                              discount=0.5, rescale_epsilon=1e-3)
+
+
+def test_transformed_double_q_td_and_priority_hand_case():
+    """No burn-in, m = 2, n = 1, gamma = 0.5, rewards [1, 2], actions [0, 1].
+    t=0: the online net picks a*=1 at slot 1, the target net says h(4) there:
+         y_0 = h(1 + 0.5 * 4) = h(3) = 1 + 0.003; q(s_0, 0) = 0.5 -> delta 0.503.
+    t=1: a*=0 at slot 2 (target h(8)): y_1 = h(2 + 0.5 * 8) = h(6) = sqrt(7) - 1 + 0.006;
+         q(s_1, 1) = 1 -> delta sqrt(7) - 1.994.
+    p = 0.9 max + 0.1 mean."""
+    td, mask = hand_case_td(terminated=[False, False, False], valid=[True, True, True])
     deltas = [0.503, math.sqrt(7) - 1.994]
     assert mask.flatten().tolist() == [True, True]
     assert td.flatten().tolist() == pytest.approx(deltas, abs=1e-6)
@@ -150,19 +157,7 @@ def test_a_step_that_ends_the_episode_is_trained_on_its_reward_alone():
     """The hand case above, but the episode terminates at slot 1 (slot 2 is padding): t=0
     still bootstraps from slot 1 (y_0 = h(3)); t=1 has no bootstrap, y_1 = h(2) =
     sqrt(3) - 1 + 0.002, whatever the target net says at the padding slot (h(8) there)."""
-    h = value_rescale
-    q_online = torch.tensor([[[0.5, 9.0]], [[0.0, 1.0]], [[1.0, 0.0]]])
-    q_target = torch.tensor([[[0.0, 0.0]], [[5.0, float(h(torch.tensor(4.0)))]],
-                             [[float(h(torch.tensor(8.0))), 7.0]]])
-    batch = SequenceSample(
-        indices=torch.tensor([0]), weights=torch.ones(1), observations=torch.zeros(3, 1, 3),
-        prev_actions=torch.tensor([[-1], [0], [1]]), prev_rewards=torch.zeros(3, 1),
-        actions=torch.tensor([[0], [1], [0]]), rewards=torch.tensor([[1.0], [2.0], [0.0]]),
-        terminated=torch.tensor([[False], [True], [False]]),
-        valid=torch.tensor([[True], [True], [False]]),
-        stored_state=torch.zeros(1, 0), start_state=torch.zeros(1, 0))
-    td, mask = sequence_td_errors(q_online, q_target, batch, burn_in=0, trace_length=2, n=1,
-                                  discount=0.5, rescale_epsilon=1e-3)
+    td, mask = hand_case_td(terminated=[False, True, False], valid=[True, True, False])
     assert mask.flatten().tolist() == [True, True]
     assert td.flatten().tolist() == pytest.approx([0.503, math.sqrt(3) - 1 + 0.002 - 1.0],
                                                   abs=1e-6)
