@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +58,7 @@ import report_atari  # noqa: E402
 import report_atari5  # noqa: E402
 from report_cells import (  # noqa: E402
     CELL_TABLE_HEADER,
+    Aggregate,
     Cell,
     baseline,
     cell_row,
@@ -97,16 +99,34 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- minatar-summary:begin -->", "<!-- minatar-sum
 RESULTS_PAGE = "docs/results.md#minatar"  # where the summary sends a reader for the rest
 
 
-def markdown(suite: Suite, reps: int, seed: int, title: str,
-             supplements: tuple[tuple[str, Suite], ...] = ()) -> str:
-    """The suite's tables under the heading "MinAtar, ``title``" (:func:`budget_title`);
-    each of ``supplements`` (name, more seeds run apart) adds :func:`supplement_section`
-    under them."""
+@dataclass
+class SuiteFigures:
+    """A suite's bootstrapped figures, computed once for both the full tables and the
+    README's summary: each cell's, each agent's IQM across games, and the CI methods used."""
+
+    cells: dict[tuple[str, str], Cell]
+    aggregates: dict[str, Aggregate]
+    methods: set[str]
+
+
+def suite_figures(suite: Suite, reps: int, seed: int) -> SuiteFigures:
     methods: set[str] = set()
     cells = suite_cells(suite, reps, seed, methods)
+    aggregates = {agent: iqm_stats(suite, agent, reps, seed, methods) for agent in suite.agents}
+    return SuiteFigures(cells, aggregates, methods)
+
+
+def markdown(suite: Suite, reps: int, seed: int, title: str,
+             supplements: tuple[tuple[str, Suite], ...] = (),
+             figures: SuiteFigures | None = None) -> str:
+    """The suite's tables under the heading "MinAtar, ``title``" (:func:`budget_title`);
+    each of ``supplements`` (name, more seeds run apart) adds :func:`supplement_section`
+    under them. ``figures``: :func:`suite_figures`'s, when already computed."""
+    figures = figures or suite_figures(suite, reps, seed)
+    cells, methods = figures.cells, figures.methods
     rows = [cell_row(cell) for cell in cells.values()]
-    aggregates = [iqm_row(iqm_stats(suite, agent, reps, seed, methods),
-                          len(suite.games_of(agent))) for agent in suite.agents]
+    aggregates = [iqm_row(figures.aggregates[agent], len(suite.games_of(agent)))
+                  for agent in suite.agents]
     lines = [
         f"### MinAtar, {title}",
         "",
@@ -137,12 +157,13 @@ def markdown(suite: Suite, reps: int, seed: int, title: str,
     return "\n".join(lines)
 
 
-def summary_markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
+def summary_markdown(suite: Suite, reps: int, seed: int, title: str,
+                     figures: SuiteFigures | None = None) -> str:
     """The README's block: per agent, the games whose mean final return reached its
     baseline (the per-game table's "reached") and the IQM across games (x DQN) with its
     CI, the same figures as :func:`markdown`'s tables, which hold the rest."""
-    methods: set[str] = set()
-    cells = suite_cells(suite, reps, seed, methods)
+    figures = figures or suite_figures(suite, reps, seed)
+    cells = figures.cells
     rows = []
     for agent in suite.agents:
         mine = [cell for cell in cells.values() if cell.agent == agent]
@@ -154,7 +175,7 @@ def summary_markdown(suite: Suite, reps: int, seed: int, title: str) -> str:
             games += f" (not {', '.join(short)})"
         if unknown:
             games += f"; {unknown} without a finished run or a reference"
-        agg = iqm_stats(suite, agent, reps, seed, methods)
+        agg = figures.aggregates[agent]
         iqm = "—" if agg.iqm is None else f"{agg.iqm:.2f} {fmt_ci(agg.low, agg.high, 2)}"
         rows.append(f"| {agent} | {baseline(agent) or '—'} | {games} | {iqm} | {agg.runs} |")
     return "\n".join([
@@ -424,14 +445,15 @@ def main(argv: list[str] | None = None) -> None:
     supplements = []
     for path in args.supplement:
         supplements.append((path.name, _collect_or_exit(path)))
+    figures = suite_figures(suite, args.reps, args.seed)
+    title = budget_title(args.suite, suite)
     try:
-        table = markdown(suite, args.reps, args.seed, budget_title(args.suite, suite),
-                         tuple(supplements))
+        table = markdown(suite, args.reps, args.seed, title, tuple(supplements), figures)
     except ValueError as error:
         raise SystemExit(f"report: --supplement: {error}") from None
     print(table, end="")
     if args.write:
-        summary = summary_markdown(suite, args.reps, args.seed, budget_title(args.suite, suite))
+        summary = summary_markdown(suite, args.reps, args.seed, title, figures)
         for path in dict.fromkeys(args.write):
             write_tables([path], minatar_blocks(path, table, summary))
     if args.png:
