@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, write_csv
+from curve import (
+    GAP_S,
+    WINDOW,
+    Episodes,
+    episode_columns,
+    episode_table,
+    reach_record,
+    write_csv,
+)
 from grid_plan import Run, run_overrides
 from suite import (
     event_files,
@@ -40,11 +48,20 @@ def read_episodes(run_dir: Path) -> Episodes | None:
     return episode_table(run_dir) if event_files(run_dir) else None
 
 
-def write_episodes(path: Path, episodes: Episodes) -> None:
+def read_episodes_and_epsilons(run_dir: Path
+                               ) -> tuple[Episodes | None, np.ndarray | None]:
+    """:func:`read_episodes`' arrays and each episode's epsilon where the run logged it
+    (``curve.episode_columns``), from one read of the events."""
+    columns = episode_columns(run_dir) if event_files(run_dir) else None
+    return (None, None) if columns is None else (columns[:3], columns[3])
+
+
+def write_episodes(path: Path, episodes: Episodes, epsilons: np.ndarray | None = None
+                   ) -> None:
     """``curve.py --csv``'s file, whole or not at all (``curve.py`` and ``report.py`` read
-    it in place of the run's events)."""
+    it in place of the run's events), with each episode's epsilon where given."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write_csv(tmp, *episodes)
+    write_csv(tmp, *episodes, epsilons)
     os.replace(tmp, path)
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from attempt_record import write_episodes
 from curve import Episodes
 from suite import ATTEMPTS, CARRY, EPISODES, event_files, newest_checkpoint, read_attempts
@@ -75,11 +76,12 @@ class CarryError(RuntimeError):
 
 
 def save(run_dir: Path, archive_run: Path, frames: int | None,
-         episodes: Episodes | None = None) -> str:
+         episodes: Episodes | None = None, epsilons: np.ndarray | None = None) -> str:
     """Write ``run_dir``'s newest checkpoint, event files and attempt records to
     ``archive_run/carry/`` (replacing the carry there only once the new one is whole), and
-    ``episodes`` as ``episodes.csv`` (read without decompressing: the report's curve of a
-    run in progress); returns a line saying what was carried, or why nothing was."""
+    ``episodes`` as ``episodes.csv`` with their ``epsilons`` where given (read without
+    decompressing: the report's curve of a run in progress); returns a line saying what
+    was carried, or why nothing was."""
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is None:
         return "nothing to carry: no checkpoint"
@@ -97,7 +99,7 @@ def save(run_dir: Path, archive_run: Path, frames: int | None,
     if (run_dir / ATTEMPTS).exists():
         shutil.copyfile(run_dir / ATTEMPTS, tmp / ATTEMPTS)
     if episodes is not None:
-        write_episodes(tmp / EPISODES, episodes)
+        write_episodes(tmp / EPISODES, episodes, epsilons)
     manifest = {"checkpoint": f"checkpoints/{checkpoint.name}", "frames": frames,
                 "saved": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -2,7 +2,7 @@
 Markdown table on stdout and a PNG beside it.
 
     python benchmarks/curve.py runs/<run name> [--bins 10] [--png out.png] \
-        [--reach 0 18] [--csv episodes.csv]
+        [--reach 0 18] [--csv episodes.csv] [--max-epsilon 0.01]
 
 The PNG (default ``<run dir>/curve.png``) has frames on x and the raw return of each
 bin's episodes: their mean as a line, the 25-75% quantiles as a dark band and min-max as
@@ -12,8 +12,10 @@ a light one, over the episodes themselves as faint dots.
 20 episodes (the console's ``mean_return_20``, and ``stop_at_return``'s test) reaches it:
 its frames and the run time to it. The run time is the wall time since the first episode
 less every gap of more than 5 minutes between two episodes (a run stopped and resumed
-later). ``--csv`` writes every episode's frames, raw return and wall time, a file small
-enough to commit; ``curve.py`` reads such a file in place of the run directory.
+later). ``--csv`` writes every episode's frames, raw return and wall time (and epsilon,
+where the run logged ``episode/epsilon``), a file small enough to commit; ``curve.py``
+reads such a file in place of the run directory. ``--max-epsilon`` keeps the episodes of
+the envs exploring at most that epsilon (Ape-X's and R2D2's near-greedy envs).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Bin:
         return float(self.returns.mean())
 
 
-CSV_HEADER = "frames,return,wall_time"
+CSV_HEADER = "frames,return,wall_time"  # then ",epsilon" where the run logged it
+RETURN_TAG, EPSILON_TAG = "episode/return", "episode/epsilon"
 WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.training.loop's mean_return_20)
 GAP_S = 300.0  # a longer pause between two episodes is a stopped run, not run time
 
@@ -58,25 +61,76 @@ def read_returns(run_dir: Path) -> Episodes:
 
 def episode_table(run_dir: Path) -> Episodes | None:
     """:func:`read_returns`'s arrays, None where ``run_dir`` logged no episode."""
+    columns = episode_columns(run_dir)
+    return None if columns is None else columns[:3]
+
+
+def episode_epsilons(run_dir: Path) -> np.ndarray | None:
+    """Each episode's exploration rate, in :func:`read_returns`' order (NaN for episodes
+    written before runs logged it); None where the run logged none (an agent without
+    an epsilon per env, or a run before ``episode/epsilon``)."""
+    columns = episode_columns(run_dir)
+    return None if columns is None else columns[3]
+
+
+def episode_columns(run_dir: Path
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """(frames, raw return, wall time, epsilon or None) of every training episode in
+    ``run_dir``'s events or in a file ``--csv`` wrote, by frames; None where there is none.
+    ``episode/epsilon`` is written right after its episode's return, so a run's epsilons
+    belong to its last returns (a run resumed by code that logs them has them for the
+    episodes after the resume only)."""
     if run_dir.is_file():
         table = np.loadtxt(run_dir, delimiter=",", skiprows=1, ndmin=2)
-        return table[:, 0].astype(np.int64), table[:, 1], table[:, 2]
+        return (table[:, 0].astype(np.int64), table[:, 1], table[:, 2],
+                table[:, 3] if table.shape[1] > 3 else None)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    if "episode/return" not in events.Tags().get("scalars", []):
+    tags = events.Tags().get("scalars", [])
+    if RETURN_TAG not in tags:
         return None
-    points = sorted((e.step, e.wall_time, e.value) for e in events.Scalars("episode/return"))
-    return (np.array([s for s, _, _ in points], dtype=np.int64),
-            np.array([v for _, _, v in points], dtype=np.float64),
-            np.array([w for _, w, _ in points], dtype=np.float64))
+    points = events.Scalars(RETURN_TAG)  # in the order written: frames never go back
+    epsilons = None
+    if EPSILON_TAG in tags:
+        logged = [e.value for e in events.Scalars(EPSILON_TAG)][-len(points):]
+        epsilons = np.full(len(points), np.nan)
+        epsilons[len(points) - len(logged):] = logged
+    order = np.argsort([p.step for p in points], kind="stable")
+    return (np.array([points[i].step for i in order], dtype=np.int64),
+            np.array([points[i].value for i in order], dtype=np.float64),
+            np.array([points[i].wall_time for i in order], dtype=np.float64),
+            None if epsilons is None else epsilons[order])
 
 
-def write_csv(path: Path, frames: np.ndarray, returns: np.ndarray, wall: np.ndarray) -> None:
-    np.savetxt(path, np.column_stack([frames, returns, wall]), delimiter=",",
-               fmt=["%d", "%g", "%.3f"], header=CSV_HEADER, comments="")
+def write_csv(path: Path, frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
+              epsilons: np.ndarray | None = None) -> None:
+    """Every episode's frames, raw return and wall time, and its epsilon where given."""
+    if epsilons is None:
+        np.savetxt(path, np.column_stack([frames, returns, wall]), delimiter=",",
+                   fmt=["%d", "%g", "%.3f"], header=CSV_HEADER, comments="")
+    else:
+        np.savetxt(path, np.column_stack([frames, returns, wall, epsilons]), delimiter=",",
+                   fmt=["%d", "%g", "%.3f", "%.6g"], header=f"{CSV_HEADER},epsilon",
+                   comments="")
+
+
+def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
+                max_epsilon: float, source: Path) -> tuple[Episodes, int]:
+    """The episodes played by envs with epsilon at most ``max_epsilon`` and how many of the
+    run's episodes have no epsilon recorded (NaN: before the run logged it)."""
+    frames, returns, wall, epsilons = columns
+    if epsilons is None:
+        raise SystemExit(f"curve: {source} records no episode/epsilon: --max-epsilon needs a "
+                         "run of an agent with an epsilon per env (Ape-X, R2D2, SEED-R2D2)")
+    # tensorboard keeps float32: 0.4 comes back as 0.40000001, still "at most 0.4"
+    keep = epsilons <= max_epsilon * (1 + 1e-6)  # NaN compares False
+    if not keep.any():
+        raise SystemExit(f"curve: no episode of {source} was played at epsilon <= "
+                         f"{max_epsilon:g}")
+    return (frames[keep], returns[keep], wall[keep]), int(np.isnan(epsilons).sum())
 
 
 def run_time(wall: np.ndarray) -> np.ndarray:
@@ -197,15 +251,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reach", type=float, nargs="+", default=[], metavar="RETURN",
                         help=f"frames and run time to a {WINDOW}-episode mean of each")
     parser.add_argument("--csv", type=Path, default=None, metavar="FILE",
-                        help="also write every episode's frames, return and wall time")
+                        help="also write every episode's frames, return and wall time "
+                             "(and epsilon, where the run logged it)")
+    parser.add_argument("--max-epsilon", type=float, default=None, metavar="EPS",
+                        help="only the episodes of envs exploring at most this epsilon "
+                             "(Ape-X's and R2D2's near-greedy end of the ladder)")
     args = parser.parse_args(argv)
     if args.bins < 1:
         parser.error(f"--bins must be at least 1, got {args.bins}")
-    frames, returns, wall = read_returns(args.run_dir)
+    columns = episode_columns(args.run_dir)
+    if columns is None:
+        raise SystemExit(f"no episode/return scalars in {args.run_dir}")
+    frames, returns, wall = columns[:3]
+    if args.max_epsilon is not None:
+        (frames, returns, wall), unknown = near_greedy(columns, args.max_epsilon,
+                                                        args.run_dir)
+        print(f"episodes at epsilon <= {args.max_epsilon:g}: {len(returns)} "
+              f"({unknown} of the run's episodes have no epsilon recorded)")
     binned = bin_returns(frames, returns, args.bins)
     print("\n".join(markdown(binned) + reach_lines(frames, returns, wall, args.reach)))
-    if args.csv:
-        write_csv(args.csv, frames, returns, wall)
+    if args.csv:  # every episode, whatever --max-epsilon kept
+        write_csv(args.csv, *columns)
         print(f"episodes: {args.csv}")
     default = args.run_dir.with_suffix(".png") if args.run_dir.is_file() else (
         args.run_dir / "curve.png")

@@ -97,7 +97,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import carry  # noqa: E402
 from ale_speed import BUSY_ELSEWHERE_LIMIT, ale_alone  # noqa: E402
-from attempt_record import read_episodes, summarise, write_episodes  # noqa: E402
+from attempt_record import (  # noqa: E402
+    read_episodes_and_epsilons,
+    summarise,
+    write_episodes,
+)
 from grid_plan import (  # noqa: E402
     Run,
     append_line,
@@ -313,8 +317,8 @@ class Grid:
             status = "finished" if code == 0 else "failed"
         previous = read_attempts(run.run_dir)
         wall_total = wall + sum(a.get("wall_s", 0.0) for a in previous)
-        episodes = (read_episodes(run.run_dir) if self.args.reach or run.suite.keeps_episodes
-                    else None)
+        episodes, epsilons = (read_episodes_and_epsilons(run.run_dir)
+                              if self.args.reach or run.suite.keeps_episodes else (None, None))
         record = summarise(run, child.command, child.attempt, child.resumed, code, status,
                            wall, wall_total, text, self.args, episodes)
         record["spans"] = [*([a.get("started"), a.get("wall_s")] for a in previous),
@@ -336,7 +340,7 @@ class Grid:
             for directory in kept:
                 directory.mkdir(parents=True, exist_ok=True)
                 if run.suite.keeps_episodes and episodes is not None:
-                    write_episodes(directory / EPISODES, episodes)
+                    write_episodes(directory / EPISODES, episodes, epsilons)
                 write_atomic(directory / SUMMARY, json.dumps(record, indent=1) + "\n")
         if self.args.archive is not None:  # what another machine needs to continue it
             archived = self.args.archive / run.name
@@ -344,9 +348,9 @@ class Grid:
                 if carry.discard(archived):
                     print(f"[reproduce] {run.name}: finished, its carry deleted", flush=True)
             else:
-                saved = carry.save(run.run_dir, archived, record["frames"],
-                                   episodes if episodes is not None
-                                   else read_episodes(run.run_dir))
+                if episodes is None:
+                    episodes, epsilons = read_episodes_and_epsilons(run.run_dir)
+                saved = carry.save(run.run_dir, archived, record["frames"], episodes, epsilons)
                 print(f"[reproduce] {run.name}: {saved}", flush=True)
         child.lock.close()
         self.records.append(record)

@@ -7,7 +7,8 @@ Takes run.py's ``key=value`` overrides (log.dir, log.name, seed, total_frames, r
 from the environment: FAKE_STEP_S (seconds per step of total_frames / 20 frames),
 FAKE_FAIL (comma-separated run names that exit 3 halfway), FAKE_ACTOR=1 (start a child
 process, as distrl's actors, and stop it on exit), FAKE_EVAL=1 (log eval/return_mean),
-FAKE_IGNORE_TERM=1 (a run that hangs on SIGTERM).
+FAKE_IGNORE_TERM=1 (a run that hangs on SIGTERM), FAKE_EPSILON=1 (each episode's
+``episode/epsilon``, as a replay agent's run writes it).
 Each run appends its argv, pid, actor pid and start/end times to
 ``<run dir>/invocations.jsonl``. Two episodes end in each step, each returning ``seed +
 frames / total_frames``; a stopped run leaves one more (999) past its checkpoint.
@@ -27,6 +28,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 STEPS = 20
+EPSILONS = (0.4, 0.001)  # FAKE_EPSILON=1: each step's two episodes' epsilons, in order
 
 
 def scalar(writer: EventFileWriter, tag: str, value: float, step: int) -> None:
@@ -65,12 +67,15 @@ def main() -> int:
             status=event_pb2.SessionLog.START)))
     fail = args.get("log.name") in os.environ.get("FAKE_FAIL", "").split(",")
     step_s = float(os.environ.get("FAKE_STEP_S", "0"))
+    epsilons = os.environ.get("FAKE_EPSILON") == "1"
     frames, code = start, 0
     while frames < total:
         time.sleep(step_s)
         frames = min(frames + total // STEPS, total)
-        for _ in range(2):  # episodes end inside the step: before its checkpoint's frames
+        for k in range(2):  # episodes end inside the step: before its checkpoint's frames
             scalar(writer, "episode/return", seed + frames / total, frames - 1)
+            if epsilons:
+                scalar(writer, "episode/epsilon", EPSILONS[k], frames - 1)
         scalar(writer, "perf/fps", 1000.0, frames)
         writer.flush()
         if stop:
@@ -78,6 +83,8 @@ def main() -> int:
             (checkpoints / f"checkpoint-{frames:012d}.pt").write_text(str(frames))
             # an event past the checkpoint, as a crash leaves: the resume's purge drops it
             scalar(writer, "episode/return", 999.0, frames + 1)
+            if epsilons:
+                scalar(writer, "episode/epsilon", EPSILONS[0], frames + 1)
             break
         if fail and frames >= total // 2:
             print("fake failure", flush=True)

@@ -7,6 +7,7 @@ reward is that action + 1, and the episode ends after step ``g`` when ``(g + 1) 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 import os
@@ -244,6 +245,11 @@ def test_two_groups_fill_their_own_slots() -> None:
     # The truncated env (length 1) is done at every step: dones include truncation.
     assert all(s["dones"][:, 1].all() for s, o in zip(slots, owner, strict=True) if o == 1)
     assert stats.steps == n_unrolls * unroll_length * 4
+    # Each finished game names the actor's env that played it, group 1's envs after group
+    # 0's (a replay actor's epsilons follow that order): in 9 steps, episodes of 2, 3, 4
+    # and 1 steps end 4, 3, 2 and 9 times.
+    assert collections.Counter(stats.episode_envs) == {0: 4, 1: 3, 2: 2, 3: 9}
+    assert len(stats.episode_envs) == len(stats.episode_returns)
 
 
 def test_the_sink_stops_when_no_slot_frees_up_and_stop_was_asked() -> None:

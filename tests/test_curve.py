@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from distrl.telemetry.logging import MetricLogger
 
@@ -95,3 +96,52 @@ def test_a_window_of_whole_returns_summing_to_the_level_reaches_it():
     assert curve.reach_record(frames, returns, wall, [18.0, 18.5]) == [
         {"level": 18.0, "frames": 50_000, "run_time_s": 490.0},
         {"level": 18.5, "frames": None, "run_time_s": None}]
+
+
+def _ladder_run_dir(root: Path) -> Path:
+    """Six episodes returning 1 .. 6 at frames 100 .. 600; the first two written before
+    the run logged epsilons (a run resumed by code that logs them), the others at epsilon
+    0.4, 0.01, 0.4, 0.001."""
+    run_dir = root / "ladder"
+    logger = MetricLogger(str(run_dir), stream=open(os.devnull, "w"))  # noqa: SIM115
+    for k, epsilon in enumerate([None, None, 0.4, 0.01, 0.4, 0.001], start=1):
+        logger.episode(float(k), 10, 100 * k, epsilon)
+    logger.close()
+    return run_dir
+
+
+def test_each_episodes_epsilon_belongs_to_its_return_and_earlier_ones_have_none(tmp_path):
+    epsilons = curve.episode_epsilons(_ladder_run_dir(tmp_path))
+    np.testing.assert_allclose(epsilons, [np.nan, np.nan, 0.4, 0.01, 0.4, 0.001], rtol=1e-6)
+    assert curve.episode_epsilons(_run_dir(tmp_path)) is None  # a run that logged none
+
+
+def test_max_epsilon_keeps_the_near_greedy_envs_episodes_and_the_csv_keeps_all(tmp_path,
+                                                                              capsys):
+    run_dir, csv = _ladder_run_dir(tmp_path), tmp_path / "episodes.csv"
+    curve.main([str(run_dir), "--bins", "1", "--max-epsilon", "0.01", "--csv", str(csv)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        "episodes at epsilon <= 0.01: 2 (2 of the run's episodes have no epsilon recorded)",
+        "2 episodes up to 600 frames"]
+    assert lines[4] == "| 0-600 | 2 | 5.00 | 4 | 6 |"  # returns 4 and 6
+    rows = csv.read_text().splitlines()
+    assert rows[0] == f"{curve.CSV_HEADER},epsilon" and len(rows) == 7
+    assert rows[1].startswith("100,1,") and rows[1].endswith(",nan")
+    assert rows[4].startswith("400,4,") and rows[4].endswith(",0.01")
+    np.testing.assert_array_equal(curve.episode_epsilons(csv),
+                                  [np.nan, np.nan, 0.4, 0.01, 0.4, 0.001])
+    curve.main([str(csv), "--bins", "1", "--max-epsilon", "0.01", "--png",
+                str(tmp_path / "b.png")])
+    assert capsys.readouterr().out.splitlines()[4] == "| 0-600 | 2 | 5.00 | 4 | 6 |"
+    # a ladder value as the bound keeps its envs, though tensorboard stored it in float32
+    curve.main([str(run_dir), "--bins", "1", "--max-epsilon", "0.4"])
+    assert capsys.readouterr().out.splitlines()[0].startswith("episodes at epsilon <= 0.4: 4 ")
+
+
+def test_max_epsilon_on_a_run_without_epsilons_names_the_agents_that_log_them(tmp_path):
+    with pytest.raises(SystemExit, match=r"records no episode/epsilon: --max-epsilon needs a "
+                       r"run of an agent with an epsilon per env \(Ape-X, R2D2, SEED-R2D2\)"):
+        curve.main([str(_run_dir(tmp_path)), "--max-epsilon", "0.01"])
+    with pytest.raises(SystemExit, match=r"no episode of .* was played at epsilon <= 0.0001"):
+        curve.main([str(_ladder_run_dir(tmp_path)), "--max-epsilon", "0.0001"])

@@ -4,7 +4,9 @@ replay-ratio limiter, resume with the replay, failing actors, and learning CartP
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from distrl.replay.writers import NStepWriter
 from distrl.rl.exploration import epsilon_ladder
 from distrl.run.checkpoint import load
 from distrl.run.supervisor import TooManyRestarts
-from distrl.runners.replay_learner import Prefetcher
+from distrl.runners.replay_learner import Prefetcher, ReplayFeed
 from distrl.runners.replay_sources import BatchSlots, rank_epsilons
 from distrl.transport.distributed import RankInfo
 
@@ -238,3 +240,28 @@ def test_a_budget_below_learning_starts_ends_without_updates(tmp_path):
     result = apex.run(preset(tmp_path, "short", "total_frames=500", "checkpoint.replay=true"))
     assert result["updates"] == 0 and 500 <= result["frames"] < 1000
     assert load(result["checkpoint"])["replay"]["inserted"] == result["inserted"]
+
+
+def test_each_episode_is_logged_with_the_epsilon_of_the_env_that_played_it(tmp_path):
+    cfg = preset(tmp_path, "epsilons", "total_frames=2000")
+    cfg.log.tensorboard = True
+    apex.run(cfg)
+    events = EventAccumulator(str(tmp_path / "epsilons"), size_guidance={"scalars": 0})
+    events.Reload()
+    returns, epsilons = events.Scalars("episode/return"), events.Scalars("episode/epsilon")
+    assert len(epsilons) == len(returns) > 8
+    assert [e.step for e in epsilons] == [r.step for r in returns]
+    # 8 envs, one actor: the preset's ladder 0.1^(1 + 7 i / 7); every env finished games
+    ladder = epsilon_ladder(8, cfg.agent.epsilon_base, cfg.agent.epsilon_exponent)
+    ladder = ladder.float().tolist()  # as tensorboard keeps them
+    assert sorted({e.value for e in epsilons}) == sorted(ladder)
+
+
+def test_an_episodes_epsilon_is_its_actors_share_of_the_ladder():
+    # actor 1's env 2 is the run's env 1 * 4 + 2; an env not known (-1: an actor-only
+    # rank's) and one past the ladder have none
+    ladder = epsilon_ladder(8)
+    learner = SimpleNamespace(envs_per_actor=4, layout=SimpleNamespace(epsilons=ladder))
+    assert ReplayFeed._episode_epsilon(learner, 1, 2) == float(ladder[6])
+    assert math.isnan(ReplayFeed._episode_epsilon(learner, 1, -1))
+    assert math.isnan(ReplayFeed._episode_epsilon(learner, 2, 0))

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import fake_run
 import numpy as np
 import pytest
 import scipy.stats
@@ -1257,6 +1258,7 @@ def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machin
 
     archive = tmp_path / "archive"
     monkeypatch.setenv("FAKE_STEP_S", "0.5")  # stopped at 4.8 s of a 10 s run
+    monkeypatch.setenv("FAKE_EPSILON", "1")  # a replay agent's episodes carry their epsilon
     first = tmp_path / "machine-a"
     assert reproduce.main(grid_args(first, "--stop-after", "0.08", "--archive", str(archive),
                                     agents=("impala",), seeds=("0",))) == 0
@@ -1272,6 +1274,11 @@ def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machin
     episodes = report_atari.episodes_of(archive / name)
     assert (shown.status, shown.frames) == ("unfinished", manifest["frames"])
     assert shown.episodes == len(episodes[0]) >= 2 * stopped_at // 50
+    # each episode's epsilon is carried beside its return (the one past the checkpoint too)
+    carried = curve.episode_epsilons(archive / name / carry.CARRY / suite.EPISODES)
+    np.testing.assert_allclose(carried, np.resize(fake_run.EPSILONS, len(carried)),
+                               rtol=1e-6)
+    assert len(carried) == len(episodes[0])
     capsys.readouterr()
 
     second = tmp_path / "machine-b"  # a fresh checkout: no run directory at all

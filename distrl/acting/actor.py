@@ -80,6 +80,9 @@ class ActorStats:
     steps: int = 0
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    # which of the actor's envs (its groups' envs in order) played each episode; -1 where
+    # not known (an actor-only rank's): a replay learner gives each its epsilon
+    episode_envs: list[int] = field(default_factory=list)
     env_wait_s: float = 0.0
     policy_s: float = 0.0
     sink_wait_s: float = 0.0
@@ -94,6 +97,7 @@ class ActorStats:
         self.frames += other.frames
         self.episode_returns += other.episode_returns
         self.episode_lengths += other.episode_lengths
+        self.episode_envs += other.episode_envs or [-1] * len(other.episode_returns)
 
     def counted_elsewhere_s(self) -> float:
         """Seconds counted as waiting for a slot or as network forwards: a block timed as
@@ -104,7 +108,7 @@ class ActorStats:
         """Return the counters so far and start new ones."""
         out = ActorStats(**vars(self))
         self.frames = self.steps = 0
-        self.episode_returns, self.episode_lengths = [], []
+        self.episode_returns, self.episode_lengths, self.episode_envs = [], [], []
         self.env_wait_s = self.policy_s = self.sink_wait_s = self.copy_s = 0.0
         return out
 
@@ -136,9 +140,11 @@ def timed_forward(stats: ActorStats) -> Iterator[None]:
         stats.policy_s += time.perf_counter() - start
 
 
-def count_step(stats: ActorStats, env_step: EnvStep, frames_per_step: int) -> None:
+def count_step(stats: ActorStats, env_step: EnvStep, frames_per_step: int,
+               first_env: int = 0) -> None:
     """Add one batched step's steps, frames and finished games to ``stats`` (a lost life
-    that ended only the learner's episode is not a finished game)."""
+    that ended only the learner's episode is not a finished game); the step's envs are the
+    actor's envs ``first_env`` onwards."""
     n = env_step.rewards.shape[0]
     stats.steps += n
     stats.frames += n * frames_per_step
@@ -146,6 +152,7 @@ def count_step(stats: ActorStats, env_step: EnvStep, frames_per_step: int) -> No
     if over.any():
         stats.episode_returns.extend(env_step.episode_returns[over].tolist())
         stats.episode_lengths.extend(env_step.episode_lengths[over].tolist())
+        stats.episode_envs.extend((np.flatnonzero(over) + first_env).tolist())
 
 
 class UnrollSink:
@@ -325,6 +332,9 @@ class Actor:
         self.pull_weights = pull_weights
         self.stats = stats
         self._started = False
+        # each group's first env among the actor's envs (a replay actor's epsilons follow
+        # this order)
+        self._first_env = np.cumsum([0] + [g.env.num_envs for g in groups[:-1]]).tolist()
 
     def start(self) -> None:
         """Reset every env, open each sink and send the first actions."""
@@ -339,13 +349,13 @@ class Actor:
         """Receive one step from every group in turn and send its next actions."""
         if not self._started:
             self.start()
-        for group in self.groups:
+        for group, first_env in zip(self.groups, self._first_env, strict=True):
             start = time.perf_counter()
             env_step = group.env.recv()
             self.stats.env_wait_s += time.perf_counter() - start
             with self._copying():
                 group.observe(env_step)
-            count_step(self.stats, env_step, group.env.frames_per_step)
+            count_step(self.stats, env_step, group.env.frames_per_step, first_env)
             self._act(group, torch.from_numpy(env_step.observations))
 
     def _act(self, group: EnvGroup, observations: torch.Tensor) -> None:

@@ -181,8 +181,9 @@ class InferenceServer:
                 continue  # a step of a worker generation already replaced: never answered
             else:
                 group.observe(env_step)
-                with self.stats_lock:
-                    count_step(self.stats, env_step, self.frames_per_step)
+                with self.stats_lock:  # channels are equal: channel k's envs follow k's
+                    count_step(self.stats, env_step, self.frames_per_step,
+                               channel * len(env_step.rewards))
             observations.append(obs)
             served.append(channel)
             self._copied(started, elsewhere)

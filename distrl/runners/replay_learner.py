@@ -6,6 +6,7 @@ replay learner's training loop (:func:`distrl.training.loop.train`) takes."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -259,6 +260,12 @@ class ReplayFeed(loop.RankFrameBudget):
         mine = self.layout.epsilons[actor_id * n:(actor_id + 1) * n]
         return float(mine.min()), float(mine.max())
 
+    def _episode_epsilon(self, actor_id: int, env: int) -> float:
+        """The epsilon of actor ``actor_id``'s env ``env`` (NaN for -1, an env not known)."""
+        index = actor_id * self.envs_per_actor + env
+        epsilons = self.layout.epsilons
+        return float(epsilons[index]) if env >= 0 and index < len(epsilons) else float("nan")
+
     def _collect_actor_stats(self) -> None:
         logger, frames = self.logger, self.counters["frames"] * self.world
         for actor_id, stats in self.experience.drain():
@@ -267,8 +274,11 @@ class ReplayFeed(loop.RankFrameBudget):
             low, high = self._epsilon_range(actor_id)
             logger.add(f"actor{actor_id}/epsilon_min", low)
             logger.add(f"actor{actor_id}/epsilon_max", high)
-            loop.log_actor_stats(logger, stats, frames)
-        loop.log_remote_actors(logger, self.remote_actors, frames)
+            loop.log_actor_stats(logger, stats, frames,
+                                 functools.partial(self._episode_epsilon, actor_id))
+        # an actor-only rank's envs are not in this rank's ladder: their epsilon is NaN
+        loop.log_remote_actors(logger, self.remote_actors, frames,
+                               functools.partial(self._episode_epsilon, 0))
 
     def collect(self) -> None:
         self._collect_actor_stats()

@@ -61,13 +61,19 @@ class MetricLogger:
         """Accumulate samples of a distribution; its histogram is written at the next report."""
         self._histograms[name].extend(values)
 
-    def episode(self, episode_return: float, length: int, frames: int) -> None:
-        """Write one finished episode's raw return and length at ``frames``."""
+    def episode(self, episode_return: float, length: int, frames: int,
+                epsilon: float | None = None) -> None:
+        """Write one finished episode's raw return and length at ``frames``, and the
+        exploration rate of the env that played it (``episode/epsilon``, NaN where not
+        known) where the run has one per env (Ape-X's and R2D2's ladder): a run writes it
+        with every episode or with none, so the n-th epsilon is the n-th return's."""
         self.recent_returns.append(float(episode_return))
         del self.recent_returns[:-100]
         if self._writer is not None:
             self._writer.add_scalar("episode/return", episode_return, frames)
             self._writer.add_scalar("episode/length", length, frames)
+            if epsilon is not None:
+                self._writer.add_scalar("episode/epsilon", epsilon, frames)
 
     def mean_recent_return(self, last: int = 20) -> float:
         """Mean raw return of the last ``last`` episodes (NaN before any)."""

@@ -159,10 +159,15 @@ def recent_mean_20(logger: MetricLogger) -> float:
     return logger.mean_recent_return(20) if len(logger.recent_returns) >= 20 else float("nan")
 
 
-def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> None:
-    """Write an actor's finished episodes at ``frames`` and accumulate its timings."""
-    for ret, length in zip(stats.episode_returns, stats.episode_lengths, strict=False):
-        logger.episode(ret, length, frames)
+def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int,
+                    epsilon_of: Callable[[int], float] | None = None) -> None:
+    """Write an actor's finished episodes at ``frames`` and accumulate its timings;
+    ``epsilon_of`` (a replay learner's) gives the exploration rate of the actor's env
+    ``i`` (``-1``: not known) for each episode's ``episode/epsilon``."""
+    envs = stats.episode_envs or [-1] * len(stats.episode_returns)
+    for ret, length, env in zip(stats.episode_returns, stats.episode_lengths, envs,
+                                strict=False):
+        logger.episode(ret, length, frames, None if epsilon_of is None else epsilon_of(env))
     logger.add("actor/frames", stats.frames)
     logger.add("actor/env_wait_s", stats.env_wait_s)
     logger.add("actor/policy_s", stats.policy_s)
@@ -171,12 +176,12 @@ def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int) -> Non
 
 
 def log_remote_actors(logger: MetricLogger, remote_actors: remote.RemoteActors | None,
-                      frames: int) -> None:
+                      frames: int, epsilon_of: Callable[[int], float] | None = None) -> None:
     """The counters the actor-only ranks sent (raises if one of them failed)."""
     if remote_actors is not None:
         remote_actors.check()
         for stats in remote_actors.drain():
-            log_actor_stats(logger, stats, frames)
+            log_actor_stats(logger, stats, frames, epsilon_of)
 
 
 def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,
