@@ -18,8 +18,16 @@ from pathlib import Path
 import numpy as np
 from ale_speed import BUSY_ELSEWHERE_LIMIT
 from atari_scores import REFERENCES
-from attempt_record import read_episodes
-from curve import GAP_S, WINDOW, Episodes, episode_table, reach_record, run_time, trailing_mean
+from attempt_record import read_episodes_and_epsilons
+from curve import (
+    GAP_S,
+    WINDOW,
+    Episodes,
+    episode_columns,
+    reach_record,
+    run_time,
+    trailing_mean,
+)
 from grid_plan import Run, run_overrides
 from report_cells import seeds_text
 from report_throughput import duration
@@ -39,6 +47,10 @@ from suite_runs import RunResult, Suite, frames
 
 BEGIN, END = "<!-- atari-results:start -->", "<!-- atari-results:end -->"
 RUN_CMD = "python run.py"  # as the command column shows it
+# A replay agent's envs exploring at most this much: the near-greedy end of its ladder,
+# whose training return is the one to set beside an evaluation at epsilon 0.001.
+NEAR_GREEDY_EPSILON = 0.01
+FINAL_EPISODES = 100
 
 
 @dataclass
@@ -50,6 +62,8 @@ class AtariRun:
     reach: list[dict]  # curve.reach_record's, one per level; [] when nothing tells
     # ale-py's frames/s alone where each attempt ran (reproduce.py's ale_alone records)
     ale: list[dict] = field(default_factory=list)
+    # each episode's epsilon where the run logged it (NaN before it did), else None
+    epsilons: np.ndarray | None = None
 
     @property
     def fps(self) -> float | None:
@@ -67,13 +81,19 @@ class AtariRun:
 def episodes_of(run_dir: Path) -> Episodes | None:
     """The run's episodes: its event files', else its ``episodes.csv``'s, else (an archived
     run still going on another machine) its carry's, else None."""
-    from_events = read_episodes(run_dir)
-    if from_events is not None:
-        return from_events
+    return episodes_and_epsilons(run_dir)[0]
+
+
+def episodes_and_epsilons(run_dir: Path) -> tuple[Episodes | None, np.ndarray | None]:
+    """:func:`episodes_of`'s episodes and, where the run logged them, their epsilons."""
+    episodes, epsilons = read_episodes_and_epsilons(run_dir)
+    if episodes is not None:
+        return episodes, epsilons
     for kept in (run_dir / EPISODES, run_dir / CARRY / EPISODES):
         if kept.is_file():
-            return episode_table(kept)
-    return None
+            columns = episode_columns(kept)
+            return (None, None) if columns is None else (columns[:3], columns[3])
+    return None, None
 
 
 def ale_records(run_dir: Path, summary: object) -> list[dict]:
@@ -96,9 +116,9 @@ def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> Ata
     timings."""
     summary = read_json(run_dir / SUMMARY)
     ale = ale_records(run_dir, summary)
-    episodes = episodes_of(run_dir) if run_dir.is_dir() else None
+    episodes, epsilons = episodes_and_epsilons(run_dir) if run_dir.is_dir() else (None, None)
     if episodes is not None:
-        return AtariRun(result, episodes, reach_record(*episodes, levels), ale)
+        return AtariRun(result, episodes, reach_record(*episodes, levels), ale, epsilons)
     kept = ((summary.get("reach") or {}).get("levels", []) if isinstance(summary, dict)
             else [])
     by_level = {float(figure["level"]): figure for figure in kept}
@@ -258,7 +278,60 @@ def markdown(sources: Sources, title: str, levels: list[float], spec: SuiteSpec 
         command = "; ".join(c for c in commands if c is not None) or "—"
         lines.append(f"| {game} | {agent} | {preset} | {done}/{len(runs)} | {reach} | "
                      f"{per_seed} | {mean} | {fps} | {ale_text(runs)} | {command} |")
+    near_greedy = near_greedy_lines(sources, levels)
+    if near_greedy:
+        lines += ["", *near_greedy]
     return "\n".join(lines) + "\n"
+
+
+def near_greedy_lines(sources: Sources, levels: list[float]) -> list[str]:
+    """For the runs that logged each episode's epsilon (Ape-X, R2D2, SEED-R2D2), the same
+    figures over the episodes of their near-greedy envs alone: how many and from which
+    frames, the mean of the last 100, and the reach of each level by a mean of 20 of them.
+    The whole ladder's return (the table's) counts envs that act at random 40% of the
+    time; these are the ones to set beside an evaluation at epsilon 0.001."""
+    rows = []
+    for (agent, game), pairs in merged_runs(sources, levels).items():
+        for run, _ in pairs:
+            if run.episodes is None or run.epsilons is None:
+                continue
+            keep = run.epsilons <= NEAR_GREEDY_EPSILON * (1 + 1e-6)  # float32 in the events
+            if not keep.any():
+                continue
+            all_frames, all_returns, all_wall = run.episodes
+            kept = np.flatnonzero(keep)
+            returns = all_returns[kept]
+            # the run's clock is every episode's: these alone are sparser than its gaps
+            clock = run_time(all_wall)[kept]
+            means = trailing_mean(returns)
+            texts = []
+            for level in levels:
+                with np.errstate(invalid="ignore"):
+                    hits = np.flatnonzero(means >= level)
+                texts.append(f"{frames(int(all_frames[kept[hits[0]]]))}, "
+                             f"{duration(float(clock[hits[0]]))}" if len(hits)
+                             else "not reached")
+            unknown = int(np.isnan(run.epsilons).sum())
+            rows.append(f"| {game} | {agent} | s{run.result.seed} | {len(returns)} from "
+                        f"{frames(int(all_frames[kept[0]]))} ({unknown} without an epsilon) | "
+                        f"{returns[-FINAL_EPISODES:].mean():.2f} | {' | '.join(texts)} |")
+    if not rows:
+        return []
+    heads = " | ".join(f"to {level_text(level)}" for level in levels)
+    return [
+        f"Near-greedy envs: the episodes of the envs exploring with epsilon at most "
+        f"{NEAR_GREEDY_EPSILON:g} (the least exploring end of Ape-X's and R2D2's ladder), "
+        "for the runs that log each episode's epsilon (`episode/epsilon`; a run resumed by "
+        "code that logs it has it from then on). The table above counts every env of the "
+        "ladder, down to those acting at random 40% of the time; these are the training "
+        "returns to set beside the evaluation at epsilon 0.001. Reach: the first of these "
+        f"episodes at which the mean of the last {WINDOW} of them reaches the level, its "
+        "frames and the run time to it (the run's clock, as in the table).",
+        "",
+        f"| game | agent | seed | episodes | last {FINAL_EPISODES}, mean | {heads} |",
+        "|---|---|---|---|---:|" + "---|" * len(levels),
+        *rows,
+    ]
 
 
 def has_curve(run: AtariRun) -> bool:

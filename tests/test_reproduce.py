@@ -1097,6 +1097,38 @@ def pong_episodes(late: float, count: int = 40) -> tuple[np.ndarray, np.ndarray,
     return frames, returns, 1.8e9 + 240.0 * np.arange(count)
 
 
+def test_a_replay_agents_near_greedy_envs_get_their_own_reach_on_the_runs_clock(tmp_path,
+                                                                             capsys):
+    archive = tmp_path / "apex_runs"
+    archive.mkdir()
+    (archive / suite.GRID).write_text(json.dumps({
+        "suite": "atari", "agents": ["apex"], "games": ["Pong"], "seeds": [0],
+        "games_by_agent": {"apex": ["Pong"]}, "frames": 20_000_000, "overrides": []}))
+    # 80 episodes 100k frames and 200 s apart. The first 20 were logged before epsilons
+    # were (NaN, -21); then envs at epsilon 0.4 (even i, -10) and 0.005 (odd i) alternate.
+    # The 30 near-greedy ones (i = 21, 23, .., 79) return -21 ten times, then +20: a mean
+    # of 20 of them reaches 0 at the 21st (9 x -21: i = 61, 6.2M frames, 61 x 200 s =
+    # 3h23m of the run's clock, although they are 400 s apart) and +18 at the 30th (i =
+    # 79: 8.0M frames, 4h23m); their mean is (10 x -21 + 20 x 20) / 30 = 6.33.
+    i = np.arange(80)
+    epsilons = np.where(i < 20, np.nan, np.where(i % 2 == 0, 0.4, 0.005))
+    returns = np.where(i < 20, -21.0, np.where(i % 2 == 0, -10.0, np.where(i < 40, -21.0,
+                                                                            20.0)))
+    frames, wall = (i + 1) * 100_000, 1.8e9 + 200.0 * i
+    run_dir = write_atari_run(archive, "apex", 0, "finished", (frames, returns, wall))
+    curve.write_csv(run_dir / suite.EPISODES, frames, returns, wall, epsilons)
+    report.main([str(archive)])
+    table = capsys.readouterr().out
+    near_greedy = [cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                       for line in table.splitlines()) if cells[2:3] == ["s0"]]
+    assert near_greedy == [[
+        "Pong", "apex", "s0", "30 from 2.2M frames (20 without an epsilon)", "6.33",
+        "6.2M frames, 3h23m", "8.0M frames, 4h23m"]]
+    # the main table's reach counts the whole ladder: 0 at i = 55 (10 x -10, 2 x -21 and
+    # 8 x 20 from i = 36: +18), 5.6M frames and 55 x 200 s = 3h03m; +18 never
+    assert row_of(table, "Pong", "apex")[4:6] == ["s0 5.6M frames, 3h03m", "s0 not reached"]
+
+
 def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path, capsys):
     archive = tmp_path / "atari_runs"
     archive.mkdir()
