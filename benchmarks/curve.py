@@ -65,18 +65,13 @@ def episode_table(run_dir: Path) -> Episodes | None:
     return None if columns is None else columns[:3]
 
 
-def episode_epsilons(run_dir: Path) -> np.ndarray | None:
-    """Each episode's exploration rate, in :func:`read_returns`' order (NaN for episodes
-    written before runs logged it); None where the run logged none (an agent without
-    an epsilon per env, or a run before ``episode/epsilon``)."""
-    columns = episode_columns(run_dir)
-    return None if columns is None else columns[3]
-
-
 def episode_columns(run_dir: Path
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
     """(frames, raw return, wall time, epsilon or None) of every training episode in
     ``run_dir``'s events or in a file ``--csv`` wrote, by frames; None where there is none.
+    The epsilons are NaN for episodes written before the run logged them, and None where
+    it logged none (an agent without an epsilon per env, or a run before
+    ``episode/epsilon``).
     ``episode/epsilon`` is written right after its episode's return, so a run's epsilons
     belong to its last returns (a run resumed by code that logs them has them for the
     episodes after the resume only)."""
@@ -117,6 +112,13 @@ def write_csv(path: Path, frames: np.ndarray, returns: np.ndarray, wall: np.ndar
                    comments="")
 
 
+def at_most(epsilons: np.ndarray, max_epsilon: float) -> np.ndarray:
+    """Which episodes were played at epsilon at most ``max_epsilon`` (NaN: not known, so
+    not kept). Tensorboard keeps float32: 0.4 comes back as 0.40000001, still "at most
+    0.4"."""
+    return epsilons <= max_epsilon * (1 + 1e-6)
+
+
 def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
                 max_epsilon: float, source: Path) -> tuple[Episodes, int]:
     """The episodes played by envs with epsilon at most ``max_epsilon`` and how many of the
@@ -125,8 +127,7 @@ def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | 
     if epsilons is None:
         raise SystemExit(f"curve: {source} records no episode/epsilon: --max-epsilon needs a "
                          "run of an agent with an epsilon per env (Ape-X, R2D2, SEED-R2D2)")
-    # tensorboard keeps float32: 0.4 comes back as 0.40000001, still "at most 0.4"
-    keep = epsilons <= max_epsilon * (1 + 1e-6)  # NaN compares False
+    keep = at_most(epsilons, max_epsilon)
     if not keep.any():
         raise SystemExit(f"curve: no episode of {source} was played at epsilon <= "
                          f"{max_epsilon:g}")
@@ -144,12 +145,16 @@ def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: fl
             ) -> tuple[int, float] | None:
     """(frames, run seconds) at the first episode where the mean of the last ``WINDOW``
     episodes is at least ``level``; None if it never is."""
+    at = first_reaching(returns, level)
+    return None if at is None else (int(frames[at]), float(run_time(wall)[at]))
+
+
+def first_reaching(returns: np.ndarray, level: float) -> int | None:
+    """The index of the first episode where the mean of the last ``WINDOW`` is at least
+    ``level``; None if there is none."""
     with np.errstate(invalid="ignore"):
         hits = np.flatnonzero(trailing_mean(returns) >= level)
-    if not len(hits):
-        return None
-    at = int(hits[0])
-    return int(frames[at]), float(run_time(wall)[at])
+    return int(hits[0]) if len(hits) else None
 
 
 def reach_record(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,

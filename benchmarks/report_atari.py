@@ -23,7 +23,9 @@ from curve import (
     GAP_S,
     WINDOW,
     Episodes,
+    at_most,
     episode_columns,
+    first_reaching,
     reach_record,
     run_time,
     trailing_mean,
@@ -295,22 +297,18 @@ def near_greedy_lines(sources: Sources, levels: list[float]) -> list[str]:
         for run, _ in pairs:
             if run.episodes is None or run.epsilons is None:
                 continue
-            keep = run.epsilons <= NEAR_GREEDY_EPSILON * (1 + 1e-6)  # float32 in the events
-            if not keep.any():
+            kept = np.flatnonzero(at_most(run.epsilons, NEAR_GREEDY_EPSILON))
+            if not len(kept):
                 continue
             all_frames, all_returns, all_wall = run.episodes
-            kept = np.flatnonzero(keep)
             returns = all_returns[kept]
             # the run's clock is every episode's: these alone are sparser than its gaps
             clock = run_time(all_wall)[kept]
-            means = trailing_mean(returns)
             texts = []
             for level in levels:
-                with np.errstate(invalid="ignore"):
-                    hits = np.flatnonzero(means >= level)
-                texts.append(f"{frames(int(all_frames[kept[hits[0]]]))}, "
-                             f"{duration(float(clock[hits[0]]))}" if len(hits)
-                             else "not reached")
+                at = first_reaching(returns, level)
+                texts.append("not reached" if at is None else
+                             f"{frames(int(all_frames[kept[at]]))}, {duration(float(clock[at]))}")
             unknown = int(np.isnan(run.epsilons).sum())
             rows.append(f"| {game} | {agent} | s{run.result.seed} | {len(returns)} from "
                         f"{frames(int(all_frames[kept[0]]))} ({unknown} without an epsilon) | "

@@ -111,9 +111,9 @@ def _ladder_run_dir(root: Path) -> Path:
 
 
 def test_each_episodes_epsilon_belongs_to_its_return_and_earlier_ones_have_none(tmp_path):
-    epsilons = curve.episode_epsilons(_ladder_run_dir(tmp_path))
+    epsilons = curve.episode_columns(_ladder_run_dir(tmp_path))[3]
     np.testing.assert_allclose(epsilons, [np.nan, np.nan, 0.4, 0.01, 0.4, 0.001], rtol=1e-6)
-    assert curve.episode_epsilons(_run_dir(tmp_path)) is None  # a run that logged none
+    assert curve.episode_columns(_run_dir(tmp_path))[3] is None  # a run that logged none
 
 
 def test_max_epsilon_keeps_the_near_greedy_envs_episodes_and_the_csv_keeps_all(tmp_path,
@@ -129,7 +129,7 @@ def test_max_epsilon_keeps_the_near_greedy_envs_episodes_and_the_csv_keeps_all(t
     assert rows[0] == f"{curve.CSV_HEADER},epsilon" and len(rows) == 7
     assert rows[1].startswith("100,1,") and rows[1].endswith(",nan")
     assert rows[4].startswith("400,4,") and rows[4].endswith(",0.01")
-    np.testing.assert_array_equal(curve.episode_epsilons(csv),
+    np.testing.assert_array_equal(curve.episode_columns(csv)[3],
                                   [np.nan, np.nan, 0.4, 0.01, 0.4, 0.001])
     curve.main([str(csv), "--bins", "1", "--max-epsilon", "0.01", "--png",
                 str(tmp_path / "b.png")])

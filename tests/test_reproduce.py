@@ -1307,7 +1307,7 @@ def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machin
     assert (shown.status, shown.frames) == ("unfinished", manifest["frames"])
     assert shown.episodes == len(episodes[0]) >= 2 * stopped_at // 50
     # each episode's epsilon is carried beside its return (the one past the checkpoint too)
-    carried = curve.episode_epsilons(archive / name / carry.CARRY / suite.EPISODES)
+    carried = curve.episode_columns(archive / name / carry.CARRY / suite.EPISODES)[3]
     np.testing.assert_allclose(carried, np.resize(fake_run.EPSILONS, len(carried)),
                                rtol=1e-6)
     assert len(carried) == len(episodes[0])
