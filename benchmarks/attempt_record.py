@@ -93,6 +93,7 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         evaluation = {"return_mean": float(mean), "episodes": int(episodes), "source": "stdout"}
     final = final_return(events.returns) if events is not None else None
     width = max(args.frames // CURVE_INTERVALS, 1)
+    wall_total_s = round(wall_total, 3)
     return {
         "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
         "suite": run.suite.name, "env": run.suite.env_name(run.game),
@@ -102,11 +103,12 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         "status": status, "exit_code": code, "attempt": attempt, "resumed": resumed,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S",
                                  time.localtime(time.time() - wall)),
-        "wall_s": round(wall, 3), "wall_s_total": round(wall_total, 3),
+        "wall_s": round(wall, 3), "wall_s_total": wall_total_s,
         "jobs": args.jobs,  # this invocation's --jobs; report.py counts the runs that
         # were going at once from the spans, which another invocation's runs may join
         "frames_target": args.frames, "frames": frames,
-        "fps": round(frames / wall_total, 1) if frames and wall_total > 0 else None,
+        # from the wall time as recorded (to the ms), so that the record agrees with itself
+        "fps": round(frames / wall_total_s, 1) if frames and wall_total_s > 0 else None,
         "fps_logged_mean": events.fps_mean if events is not None else None,
         "episodes": len(returns),
         "final_return_100": finite_or_none(final),
