@@ -15,6 +15,12 @@ archive keeps); until then the carry's own ``episodes.csv`` is the run's curve s
 
 ``carry.json`` names each file with the sha256 and size of its uncompressed bytes; a restore
 that does not match them is refused, and the run directory is left as it was. A checkpoint
+is stored in byte planes (``byte_planes`` in its entry): in each MiB, the first bytes of
+every 4-byte word, then the second ones, and so on, so that float32 exponents sit beside
+each other; xz packs that ~8% smaller than the words in place (Ape-X's Pong checkpoint:
+52.8 MB to 44.2 MB, against 47.9 MB), which matters because a push holds a replaced carry's
+old bytes and its new ones. ``python benchmarks/carry.py repack <archive>/<run>`` rewrites a
+carry saved before that in byte planes, with the same bytes once restored. A checkpoint
 over ``LIMIT_BYTES`` (a replay buffer saved with ``checkpoint.replay=true`` makes GBs) is not
 carried: that run resumes only where its run directory is.
 """
@@ -26,6 +32,8 @@ import json
 import lzma
 import os
 import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,22 +49,46 @@ _PRESET = 6  # xz's default level: 8 MB of IMPALA checkpoint in ~3 s, to ~60% of
 _CHUNK = 1 << 20
 
 
-def _compress(source: Path, target: Path) -> dict[str, Any]:
+_WORD = 4  # float32, the bulk of every checkpoint
+
+
+def _to_planes(chunk: bytes) -> bytes:
+    """``chunk``'s whole 4-byte words as byte planes (every word's byte 0, then byte 1, ...),
+    any tail shorter than a word after them as it is."""
+    whole = len(chunk) - len(chunk) % _WORD
+    words = np.frombuffer(chunk, np.uint8, whole).reshape(-1, _WORD)
+    return words.T.tobytes() + chunk[whole:]
+
+
+def _from_planes(chunk: bytes) -> bytes:
+    """The inverse of ``_to_planes`` for a chunk of the same length."""
+    whole = len(chunk) - len(chunk) % _WORD
+    planes = np.frombuffer(chunk, np.uint8, whole).reshape(_WORD, -1)
+    return planes.T.tobytes() + chunk[whole:]
+
+
+def _compress(source: Path, target: Path, byte_planes: bool = False) -> dict[str, Any]:
     digest, size = hashlib.sha256(), 0
     with open(source, "rb") as raw, lzma.open(target, "wb", preset=_PRESET) as packed:
         while chunk := raw.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
-            packed.write(chunk)
-    return {"sha256": digest.hexdigest(), "bytes": size, "stored_bytes": target.stat().st_size}
+            packed.write(_to_planes(chunk) if byte_planes else chunk)
+    entry = {"sha256": digest.hexdigest(), "bytes": size, "stored_bytes": target.stat().st_size}
+    if byte_planes:  # the chunk length is part of the layout: a restore reads the same
+        entry["byte_planes"] = _CHUNK
+    return entry
 
 
 def _decompress(source: Path, target: Path, expected: dict[str, Any]) -> None:
     digest, size = hashlib.sha256(), 0
+    planes_chunk = expected.get("byte_planes")
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         with lzma.open(source, "rb") as packed, open(tmp, "wb") as raw:
-            while chunk := packed.read(_CHUNK):
+            while chunk := packed.read(planes_chunk or _CHUNK):
+                if planes_chunk:
+                    chunk = _from_planes(chunk)
                 digest.update(chunk)
                 size += len(chunk)
                 raw.write(chunk)
@@ -93,7 +125,8 @@ def save(run_dir: Path, archive_run: Path, frames: int | None,
     tmp = archive_run / f".{CARRY}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    files = {f"checkpoints/{checkpoint.name}": _compress(checkpoint, tmp / f"{checkpoint.name}.xz")}
+    files = {f"checkpoints/{checkpoint.name}":
+             _compress(checkpoint, tmp / f"{checkpoint.name}.xz", byte_planes=True)}
     for events in event_files(run_dir):
         files[events.name] = _compress(events, tmp / f"{events.name}.xz")
     if (run_dir / ATTEMPTS).exists():
@@ -103,15 +136,53 @@ def save(run_dir: Path, archive_run: Path, frames: int | None,
     manifest = {"checkpoint": f"checkpoints/{checkpoint.name}", "frames": frames,
                 "saved": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "files": files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    final = _put_in_place(tmp, archive_run)
+    stored = sum(f["stored_bytes"] for f in files.values())
+    return f"carried to {final} ({len(files)} files, {stored / 2**20:.1f} MiB)"
+
+
+def _put_in_place(whole: Path, archive_run: Path) -> Path:
+    """Make the finished carry ``whole`` the run's carry, the one before it kept until then."""
     final = archive_run / CARRY
     old = archive_run / f".{CARRY}.old"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
-    tmp.rename(final)
+    whole.rename(final)
     shutil.rmtree(old, ignore_errors=True)
-    stored = sum(f["stored_bytes"] for f in files.values())
-    return f"carried to {final} ({len(files)} files, {stored / 2**20:.1f} MiB)"
+    return final
+
+
+def repack(archive_run: Path) -> str:
+    """Rewrite the carry in ``archive_run`` with its checkpoint in byte planes, checked
+    against the manifest's sha256 on the way; the carry in place stays until the new one is
+    whole. Returns a line saying what changed."""
+    carry = archive_run / CARRY
+    try:
+        manifest = json.loads((carry / MANIFEST).read_text())
+    except (OSError, ValueError) as error:
+        raise CarryError(f"{carry}: no readable {MANIFEST} ({error})") from error
+    name = manifest["checkpoint"]
+    entry = manifest["files"][name]
+    if entry.get("byte_planes"):
+        return f"{carry}: {Path(name).name} is in byte planes already"
+    packed = f"{Path(name).name}.xz"
+    tmp = archive_run / f".{CARRY}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(carry, tmp)
+    try:
+        with tempfile.TemporaryDirectory(dir=archive_run) as scratch:
+            raw = Path(scratch) / Path(name).name
+            _decompress(carry / packed, raw, entry)
+            manifest["files"][name] = _compress(raw, tmp / packed, byte_planes=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    _put_in_place(tmp, archive_run)
+    return (f"{carry}: {Path(name).name} repacked in byte planes, "
+            f"{entry['stored_bytes'] / 2**20:.1f} -> "
+            f"{manifest['files'][name]['stored_bytes'] / 2**20:.1f} MiB")
 
 
 def restore(archive_run: Path, run_dir: Path) -> str | None:
@@ -164,3 +235,23 @@ def discard(archive_run: Path) -> bool:
         return False
     shutil.rmtree(carry)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Repack carries saved before byte planes.")
+    parser.add_argument("command", choices=["repack"])
+    parser.add_argument("runs", nargs="+", type=Path, help="<archive>/<run> directories")
+    args = parser.parse_args(argv)
+    for archive_run in args.runs:
+        try:
+            print(repack(archive_run), flush=True)
+        except CarryError as error:
+            print(f"carry: {error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
