@@ -252,6 +252,36 @@ def test_two_groups_fill_their_own_slots() -> None:
     assert len(stats.episode_envs) == len(stats.episode_returns)
 
 
+def test_episodes_without_env_indices_are_written_and_absorbed_with_env_minus_1() -> None:
+    """Stats built without env indices (an actor-only rank's, or by hand) still give every
+    finished episode: absorbed after an actor's own, and logged with the epsilon of env -1."""
+    from distrl.training.loop import log_actor_stats
+
+    unknown = ActorStats(episode_returns=[1.0, 2.0], episode_lengths=[10, 20])
+    assert unknown.envs_of_episodes() == [-1, -1]
+    total = ActorStats(episode_returns=[3.0], episode_lengths=[5], episode_envs=[4])
+    total.absorb(unknown)
+    assert total.episode_envs == [4, -1, -1] and total.episode_returns == [3.0, 1.0, 2.0]
+
+    class Written:
+        def __init__(self) -> None:
+            self.episodes: list[tuple[float, int, int, float | None]] = []
+
+        def episode(self, ret: float, length: int, frames: int,
+                    epsilon: float | None = None) -> None:
+            self.episodes.append((ret, length, frames, epsilon))
+
+        def add(self, name: str, value: float) -> None:
+            pass
+
+    logger = Written()
+    log_actor_stats(logger, unknown, 99, epsilon_of={-1: float("nan"), 4: 0.4}.get)
+    log_actor_stats(logger, total, 100, epsilon_of={-1: -1.0, 4: 0.4}.get)
+    assert [e[:3] for e in logger.episodes] == [(1.0, 10, 99), (2.0, 20, 99), (3.0, 5, 100),
+                                                (1.0, 10, 100), (2.0, 20, 100)]
+    assert [e[3] for e in logger.episodes[2:]] == [0.4, -1.0, -1.0]
+
+
 def test_the_sink_stops_when_no_slot_frees_up_and_stop_was_asked() -> None:
     unroll_length = 2
     pool = SlotPool(_specs(unroll_length, 1), num_slots=1)

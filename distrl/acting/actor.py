@@ -97,7 +97,12 @@ class ActorStats:
         self.frames += other.frames
         self.episode_returns += other.episode_returns
         self.episode_lengths += other.episode_lengths
-        self.episode_envs += other.episode_envs or [-1] * len(other.episode_returns)
+        self.episode_envs += other.envs_of_episodes()
+
+    def envs_of_episodes(self) -> list[int]:
+        """The env index of each finished episode; -1 for each where none was recorded
+        (stats built without env indices)."""
+        return self.episode_envs or [-1] * len(self.episode_returns)
 
     def counted_elsewhere_s(self) -> float:
         """Seconds counted as waiting for a slot or as network forwards: a block timed as

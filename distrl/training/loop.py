@@ -164,9 +164,8 @@ def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int,
     """Write an actor's finished episodes at ``frames`` and accumulate its timings;
     ``epsilon_of`` (a replay learner's) gives the exploration rate of the actor's env
     ``i`` (``-1``: not known) for each episode's ``episode/epsilon``."""
-    envs = stats.episode_envs or [-1] * len(stats.episode_returns)
-    for ret, length, env in zip(stats.episode_returns, stats.episode_lengths, envs,
-                                strict=False):
+    for ret, length, env in zip(stats.episode_returns, stats.episode_lengths,
+                                stats.envs_of_episodes(), strict=False):
         logger.episode(ret, length, frames, None if epsilon_of is None else epsilon_of(env))
     logger.add("actor/frames", stats.frames)
     logger.add("actor/env_wait_s", stats.env_wait_s)
