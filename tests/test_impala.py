@@ -6,6 +6,7 @@ import copy
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from learning import learning_seed, report
@@ -25,6 +26,7 @@ from distrl.config import (
     RunConfig,
 )
 from distrl.run.checkpoint import load
+from distrl.telemetry.logging import MetricLogger
 from distrl.training.learner import Learner
 from distrl.types import Unroll
 
@@ -212,6 +214,33 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert resumed["frames"] == full["frames"] == frames
     assert resumed["lr"] == pytest.approx(full["lr"], abs=1e-12)
     assert resumed["run_dir"] == part["run_dir"]
+
+
+def test_a_resumed_run_continues_its_last_100_returns(tmp_path):
+    """The checkpoint holds the last 100 training returns, and a resumed run's window (its
+    20-game mean, which stop_at_return reads) goes on from them, as one uninterrupted run's:
+    after one more update, fewer than 20 new games, it already has a 20-game mean."""
+    frames = 20 * 640
+    part = impala.run(cartpole_config(tmp_path, "part", total_frames=frames),
+                      should_stop=lambda updates: updates >= 7)
+    window = load(part["checkpoint"])["counters"]["recent_returns"]
+    assert window == part["returns"] and len(window) > 20
+    played: list[float] = []
+    original_episode = MetricLogger.episode
+
+    def recording_episode(logger: MetricLogger, episode_return: float, *args: Any,
+                          **kwargs: Any) -> None:
+        played.append(float(episode_return))
+        original_episode(logger, episode_return, *args, **kwargs)
+
+    resumed_cfg = cartpole_config(tmp_path, "part", total_frames=frames)
+    resumed_cfg.resume = part["checkpoint"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MetricLogger, "episode", recording_episode)
+        resumed = impala.run(resumed_cfg, should_stop=lambda updates: updates >= 8)
+    assert resumed["updates"] == 8 and 0 < len(played) < 20
+    assert resumed["returns"] == (window + played)[-100:]
+    assert resumed["mean_return_20"] == pytest.approx(np.mean((window + played)[-20:]))
 
 
 def test_ppo_clip_loss_is_the_clipped_surrogate_on_vtrace_advantages():

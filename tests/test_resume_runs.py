@@ -102,6 +102,9 @@ def test_a_resumed_run_continues_its_counters_lr_and_curves(tmp_path, name):
     assert updates == sorted(set(updates)) and updates[-1] == resumed["updates"], updates
     after = [u for s, u in zip(steps, updates, strict=True) if s > stopped_at]
     assert after and after[0] > STOP_AT, (stopped_at, curve)
+    # The checkpoint holds the last 100 returns, which a resume continues
+    # (tests/test_impala.py::test_a_resumed_run_continues_its_last_100_returns).
+    assert stopped["counters"]["recent_returns"] == part["returns"]
 
 
 def test_an_impala_checkpoint_of_two_ranks_counts_this_ranks_frames_old_or_new(monkeypatch):

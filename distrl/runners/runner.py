@@ -194,6 +194,16 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
         run.restore(resumed)
         run.experience.weights.publish(rank.model, run.learner.updates)
     logger = rank.make_logger(run.frames_all_ranks(resumed) if resumed is not None else None)
+    # The last 100 returns go on from the checkpoint, so the 20-game mean (and
+    # stop_at_return, which reads it) is over the run's last 20 games through a restart, as
+    # without one, not undefined until 20 new games have ended. (Under torchrun an IMPALA
+    # checkpoint holds rank 0's counters, which every rank restores.)
+    logger.recent_returns = [float(r) for r in run.counters.get("recent_returns", [])]
+
+    def save_checkpoint(frames: int) -> Path:
+        run.counters["recent_returns"] = list(logger.recent_returns)
+        return run.save_checkpoint(frames)
+
     rank.announce(kernel_line, run.announce)
     restarts = launcher_restarts(dict(os.environ))
     if restarts:
@@ -210,11 +220,11 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
         run.start(cleanup, logger, remote_actors)
         meter = rank.make_meter(serial=topology.serial)
         frames = loop.train(run.learner, run.feed, logger, settings, ranks, run.counters,
-                            run.save_checkpoint, should_stop, progress, meter=meter)
+                            save_checkpoint, should_stop, progress, meter=meter)
         throughput = meter.finish(logger.stream)
         with loop.checkpointing():
             final = final_checkpoint(resumed, run.learner.updates,
-                                     lambda: run.save_checkpoint(frames), announce=rank.main)
+                                     lambda: save_checkpoint(frames), announce=rank.main)
         evaluation: dict[str, Any] = {}
         stopped_by = loop.stop_signal()
         if rank.main and stopped_by is not None and settings.evaluation.episodes:
