@@ -192,9 +192,10 @@ def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
             lines.append(f"reach {level:g}: not reached (best {WINDOW}-episode mean "
                          f"{best:.2f} by {int(frames[-1]):,} frames)")
         else:
-            minutes = hit[1] / 60
-            lines.append(f"reach {level:g}: {hit[0]:,} frames, {minutes // 60:.0f}h"
-                         f"{minutes % 60:02.0f}m of run time ({WINDOW}-episode mean)")
+            # whole minutes, as the Atari report writes them (59m40s is 0h59m, not 0h60m)
+            hours, minutes = divmod(round(hit[1]) // 60, 60)
+            lines.append(f"reach {level:g}: {hit[0]:,} frames, {hours}h{minutes:02d}m of run "
+                         f"time ({WINDOW}-episode mean)")
     return lines
 
 

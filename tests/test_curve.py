@@ -82,6 +82,24 @@ def test_reach_is_the_first_20_episode_mean_at_the_level_and_skips_long_gaps(tmp
     assert (tmp_path / "run.png").is_file()
 
 
+def test_reach_times_are_whole_minutes_as_the_atari_report_writes_them(tmp_path, capsys):
+    """The run time to a level is cut to whole minutes, as report_atari's ``duration``:
+    3,579.6 s is 0h59m (rounding the minutes printed 0h60m) and 29,012.6 s is 8h03m."""
+    from report_throughput import duration
+
+    for seconds, expected in ((3579.6, "0h59m"), (29012.6, "8h03m")):
+        # 200 episodes (no gap over 5 minutes), the last 20 won: the 20-game mean reaches
+        # 18 at the last one, ``seconds`` after the first
+        wall = np.linspace(0.0, seconds, 200)
+        returns = np.where(np.arange(200) >= 180, 19.0, -21.0)
+        csv = tmp_path / f"{seconds}.csv"
+        curve.write_csv(csv, np.arange(1, 201) * 100, returns, wall)
+        curve.main([str(csv), "--bins", "1", "--reach", "18"])
+        line = [s for s in capsys.readouterr().out.splitlines() if s.startswith("reach")]
+        assert line == [f"reach 18: 20,000 frames, {expected} of run time (20-episode mean)"]
+    assert duration(29012.6) == "8h03m"  # the report's figure for the same time
+
+
 def test_a_window_of_whole_returns_summing_to_the_level_reaches_it():
     # These 20 Pong scores sum to 360: their mean is 18 exactly, which a convolution with
     # weights of 1/20 computes as 17.999999999999996 and so would never call reached.
