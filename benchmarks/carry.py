@@ -9,9 +9,12 @@ checkpoint (weights, optimizer state, counters, random streams; no replay, which
 so far, and its attempt records. ``reproduce.py --archive`` writes them here each time a run
 stops and, on a machine whose run directory has no checkpoint, puts them back before it
 resumes the run, so the run continues from where it stopped, as on the machine that ran it.
-A finished run's carry is deleted (its ``summary.json`` and ``episodes.csv`` are what the
-archive keeps); until then the carry's own ``episodes.csv`` is the run's curve so far, which
-``report.py`` shows as an unfinished run's.
+A finished run's carry is deleted; the archive keeps its ``summary.json`` and, in a suite
+that keeps episodes (Atari's, runs of hours), its ``episodes.csv`` and its event files,
+xz-compressed in ``<archive>/<run>/events/`` (``keep_events``), so its tensorboard record
+(learner figures, throughput: ``rates.py`` reads them there) outlives the machine;
+``xz -dk`` unpacks them for tensorboard. Until then the carry's own ``episodes.csv``
+is the run's curve so far, which ``report.py`` shows as an unfinished run's.
 
 ``carry.json`` names each file with the sha256 and size of its uncompressed bytes; a restore
 that does not match them is refused, and the run directory is left as it was. A checkpoint
@@ -41,7 +44,15 @@ from typing import Any
 import numpy as np
 from attempt_record import write_episodes
 from curve import Episodes
-from suite import ATTEMPTS, CARRY, EPISODES, event_files, newest_checkpoint, read_attempts
+from suite import (
+    ATTEMPTS,
+    CARRY,
+    EPISODES,
+    KEPT_EVENTS,
+    event_files,
+    newest_checkpoint,
+    read_attempts,
+)
 from suite import CARRY_MANIFEST as MANIFEST
 
 LIMIT_BYTES = 256 << 20
@@ -235,6 +246,27 @@ def discard(archive_run: Path) -> bool:
         return False
     shutil.rmtree(carry)
     return True
+
+
+def keep_events(run_dir: Path, archive_run: Path) -> str:
+    """For a finished run: its event files, xz-compressed, into ``archive_run/events/``
+    (replacing those there only once the new ones are whole: a run's directory holds every
+    attempt's, restored ones too), then its carry deleted. Returns a line saying so."""
+    events = event_files(run_dir)
+    kept = archive_run / KEPT_EVENTS
+    if events:
+        tmp = archive_run / f".{KEPT_EVENTS}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for path in events:
+            _compress(path, tmp / f"{path.name}.xz")
+        shutil.rmtree(kept, ignore_errors=True)
+        tmp.rename(kept)
+    stored = sum(path.stat().st_size for path in kept.glob("*.xz")) if kept.exists() else 0
+    carried = discard(archive_run)
+    line = (f"{len(events)} event file(s) kept in {kept} ({stored / 2**20:.1f} MiB)" if events
+            else "no event files to keep")
+    return line + (", its carry deleted" if carried else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@ Each run's ``learner/updates`` reports carry the wall time, the env frames (the 
 the update count (the value); the rates are the differences between the first report at
 or after ``--from`` and the last at or before ``--to``. Times are UTC, as ISO dates
 (``2026-12-03T15:05``) or as ``HH:MM[:SS]`` on the day of the run's last report; without
-them the window is the run's newest attempt (its newest event file). A replay agent's
+them the window is the run's newest attempt (its newest event file). A run may also be given
+by its archive directory (``results/atari/pong_apex/apex-Pong-s0``): the event files kept
+there, xz-compressed, for a finished run, or its carry's for a run still going. A replay agent's
 actors insert in bursts (Ape-X's every 100 s or so on 2 cores), so a window should span
 many reports: the table gives how many there were and how many distinct frame counts.
 """
@@ -17,15 +19,20 @@ many reports: the table gives how many there were and how many distinct frame co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import logging
+import lzma
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite import event_files  # noqa: E402
+from suite import archived_event_files, event_files  # noqa: E402
 
 UPDATES_TAG = "learner/updates"  # distrl.training.loop's report: step = frames, value = updates
 
@@ -66,11 +73,26 @@ def read_reports(paths: list[Path]) -> list[Report]:
     logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
     out = []
     for path in paths:
-        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
-        events.Reload()
+        with _readable(path) as plain:
+            events = EventAccumulator(str(plain), size_guidance={"scalars": 0})
+            events.Reload()
         if UPDATES_TAG in events.Tags().get("scalars", []):
             out += [Report(e.wall_time, e.step, e.value) for e in events.Scalars(UPDATES_TAG)]
     return sorted(out, key=lambda report: report.wall)
+
+
+@contextlib.contextmanager
+def _readable(path: Path) -> Iterator[Path]:
+    """``path`` itself, or an xz-compressed event file unpacked into a temporary directory
+    for the time of the ``with`` (tensorboard reads plain files only)."""
+    if path.suffix != ".xz":
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        plain = Path(scratch) / path.stem
+        with lzma.open(path, "rb") as packed, open(plain, "wb") as out:
+            shutil.copyfileobj(packed, out)
+        yield plain
 
 
 def clock_time(text: str, day: dt.date) -> float:
@@ -103,9 +125,10 @@ def utc(seconds: float) -> str:
 
 
 def run_rates(run_dir: Path, start: str | None, end: str | None) -> Rates:
-    files = event_files(run_dir)
+    files = event_files(run_dir) or archived_event_files(run_dir)
     if not files:
-        raise SystemExit(f"rates: {run_dir} holds no tensorboard event file")
+        raise SystemExit(f"rates: {run_dir} holds no tensorboard event file (nor an "
+                         "archive's, xz-compressed)")
     # Without a window, the newest attempt: its own event file.
     reports = read_reports(files if start or end else files[-1:])
     if not reports:

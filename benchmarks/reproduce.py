@@ -66,10 +66,11 @@ archive holds as finished is skipped too, so a grid continues on a fresh checkou
 ``--out`` is empty. A run that stopped or failed is carried there as well (``carry.py``:
 its newest checkpoint, event files and attempt records, compressed, in
 ``DIR/<run>/carry/``), and a run whose directory has no checkpoint is put back from its
-carry and resumed, so a run also continues on another machine from where it stopped. A run
-whose archived ``summary.json`` says ``"status": "lost"`` (its machine went before runs were
-carried; ``lost`` says how, and the summary keeps what is known of it) is skipped: a reported
-seed is never run again.
+carry and resumed, so a run also continues on another machine from where it stopped; a
+finished run's carry is deleted, and in the Atari suite its event files stay, compressed, in
+``DIR/<run>/events/``. A run whose archived ``summary.json`` says ``"status": "lost"`` (its
+machine went before runs were carried; ``lost`` says how, and the summary keeps what is known
+of it) is skipped: a reported seed is never run again.
 
 This file starts, watches and stops the runs; ``grid_plan.py`` says what the grid holds
 (each run's settings, command and state, ``grid.json``), ``attempt_record.py`` builds an
@@ -344,7 +345,10 @@ class Grid:
                 write_atomic(directory / SUMMARY, json.dumps(record, indent=1) + "\n")
         if self.args.archive is not None:  # what another machine needs to continue it
             archived = self.args.archive / run.name
-            if status == "finished":
+            if status == "finished" and run.suite.keeps_episodes:  # hours: keep its record
+                kept = carry.keep_events(run.run_dir, archived)
+                print(f"[reproduce] {run.name}: finished, {kept}", flush=True)
+            elif status == "finished":
                 if carry.discard(archived):
                     print(f"[reproduce] {run.name}: finished, its carry deleted", flush=True)
             else:

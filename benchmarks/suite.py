@@ -118,6 +118,7 @@ ATTEMPTS = "attempts.jsonl"
 LOST = "lost"
 CARRY = "carry"  # an archived run's carry (carry.py): what another machine resumes it from
 CARRY_MANIFEST = "carry.json"
+KEPT_EVENTS = "events"  # a finished run's event files, xz-compressed, in its archive (carry.py)
 STDOUT = "stdout.log"
 GRID = "grid.json"
 PRESETS = Path(__file__).resolve().parents[1] / "experiments" / "experiment"
@@ -200,6 +201,13 @@ def has_checkpoint(run_dir: Path) -> bool:
 
 def event_files(run_dir: Path) -> list[Path]:
     return sorted(run_dir.glob("events.out.tfevents.*"))
+
+
+def archived_event_files(archive_run: Path) -> list[Path]:
+    """An archived run's xz-compressed event files: a finished run's kept ones, else those
+    of its carry (a run still going)."""
+    kept = sorted((archive_run / KEPT_EVENTS).glob("events.out.tfevents.*.xz"))
+    return kept or sorted((archive_run / CARRY).glob("events.out.tfevents.*.xz"))
 
 
 def read_json(path: Path) -> Any:

@@ -115,3 +115,25 @@ def test_repack_of_a_damaged_carry_fails_and_keeps_it_as_it_was(tmp_path, monkey
     assert f"carry: {packed}: {len(original)} bytes with sha256" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (archive_run / carry.CARRY).iterdir()} == before
     assert sorted(p.name for p in archive_run.iterdir()) == [carry.CARRY]
+
+
+def test_a_finished_run_keeps_every_attempts_events_and_loses_its_carry(tmp_path):
+    """The events of a carried attempt (restored into the run directory) and of the last
+    one, both kept compressed; an older kept set is replaced, not added to."""
+    run_dir, archive_run = tmp_path / "a", tmp_path / "archive"
+    stopped_run(run_dir, float_weights(64))
+    carry.save(run_dir, archive_run, frames=42)
+    (run_dir / "events.out.tfevents.2.vm.2.0").write_bytes(b"last attempt " * 30)
+    (archive_run / carry.KEPT_EVENTS).mkdir()
+    (archive_run / carry.KEPT_EVENTS / "events.out.tfevents.0.vm.0.0.xz").write_bytes(b"old")
+
+    line = carry.keep_events(run_dir, archive_run)
+
+    assert line == (f"2 event file(s) kept in {archive_run / carry.KEPT_EVENTS} (0.0 MiB), "
+                    "its carry deleted")
+    assert not (archive_run / carry.CARRY).exists()
+    kept = suite.archived_event_files(archive_run)
+    assert [p.name for p in kept] == ["events.out.tfevents.1.vm.1.0.xz",
+                                      "events.out.tfevents.2.vm.2.0.xz"]
+    assert [lzma.decompress(p.read_bytes()) for p in kept] == [
+        b"event records " * 50, b"last attempt " * 30]

@@ -71,3 +71,24 @@ def test_a_window_with_one_report_names_the_run_and_its_span(run_dir):
 def test_a_time_that_is_not_one_is_refused():
     with pytest.raises(SystemExit, match=r"'25:00' is not a time"):
         rates.clock_time("25:00", dt.date(2026, 12, 3))
+
+
+def test_an_archived_run_is_read_from_its_kept_compressed_events(run_dir, tmp_path):
+    """A finished run's archive holds its events xz-compressed in events/ (carry.py): the
+    same figures as from the run directory."""
+    import lzma
+
+    kept = tmp_path / "archive" / run_dir.name / "events"
+    kept.mkdir(parents=True)
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        (kept / f"{path.name}.xz").write_bytes(lzma.compress(path.read_bytes()))
+    archived = rates.run_rates(kept.parent, "15:01", "16:02")
+    direct = rates.run_rates(run_dir, "15:01", "16:02")
+    assert (archived.start, archived.end, archived.reports) == (
+        direct.start, direct.end, direct.reports)
+    assert archived.reports == 54 + 13  # 15:01:00-15:09:50 and 16:00:00-16:02:00
+
+
+def test_a_directory_without_events_is_named(tmp_path):
+    with pytest.raises(SystemExit, match=r"rates: .*empty holds no tensorboard event file"):
+        rates.run_rates(tmp_path / "empty", None, None)

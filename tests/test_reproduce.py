@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import lzma
 import os
 import signal
 import subprocess
@@ -1045,7 +1046,13 @@ def test_an_atari_grid_records_the_reach_and_archives_every_episode(tmp_path, mo
     assert json.loads((archive / suite.GRID).read_text())["suite"] == "atari"
     for seed in (0, 1):
         kept = archive / f"appo-Pong-s{seed}"
-        assert {p.name for p in kept.iterdir()} == {suite.SUMMARY, suite.EPISODES}
+        assert {p.name for p in kept.iterdir()} == {suite.SUMMARY, suite.EPISODES,
+                                                    suite.KEPT_EVENTS}
+        # its tensorboard record, compressed, with the run directory's bytes
+        ran = suite.event_files(out / kept.name)
+        assert len(ran) == 1
+        assert [lzma.decompress(p.read_bytes()) for p in suite.archived_event_files(kept)] == [
+            ran[0].read_bytes()]
         summary = json.loads((kept / suite.SUMMARY).read_text())
         assert (summary["env"], summary["suite"]) == ("Pong", "atari")
         assert summary["overrides"][:2] == ["+experiment=atari_short_appo", "env.id=Pong"]
@@ -1336,6 +1343,7 @@ def test_a_stopped_run_is_carried_in_the_archive_and_continues_on_a_fresh_machin
     assert summary["fps"] == round(1000 / summary["wall_s_total"], 1)
     assert not (archive / name / carry.CARRY).exists()
     assert f"{name}: finished, its carry deleted" in printed
+    assert not (archive / name / suite.KEPT_EVENTS).exists()  # MinAtar's: minutes, not kept
 
 
 def test_a_damaged_carry_fails_the_run_and_loses_nothing(tmp_path, monkeypatch, capsys):
