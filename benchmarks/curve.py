@@ -192,11 +192,17 @@ def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
             lines.append(f"reach {level:g}: not reached (best {WINDOW}-episode mean "
                          f"{best:.2f} by {int(frames[-1]):,} frames)")
         else:
-            # whole minutes, as the Atari report writes them (59m40s is 0h59m, not 0h60m)
-            hours, minutes = divmod(round(hit[1]) // 60, 60)
-            lines.append(f"reach {level:g}: {hit[0]:,} frames, {hours}h{minutes:02d}m of run "
+            lines.append(f"reach {level:g}: {hit[0]:,} frames, {duration(hit[1])} of run "
                          f"time ({WINDOW}-episode mean)")
     return lines
+
+
+def duration(seconds: float) -> str:
+    """``9m12s`` under an hour, ``1h05m`` from one on (whole minutes of the rounded seconds:
+    7,199.4 s is 1h59m, never 1h60m); the run times of this file and of the reports."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def bin_returns(frames: np.ndarray, returns: np.ndarray, bins: int) -> list[Bin]:

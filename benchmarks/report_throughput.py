@@ -4,14 +4,8 @@ over its finished runs, and the wall time of the runs and of the whole suite."""
 from __future__ import annotations
 
 import numpy as np
+from curve import duration
 from suite_runs import Suite, busy_seconds, most_at_once
-
-
-def duration(seconds: float) -> str:
-    """``1h05m`` or ``9m12s``."""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def throughput_table(suite: Suite) -> str:

@@ -76,18 +76,19 @@ def test_reach_is_the_first_20_episode_mean_at_the_level_and_skips_long_gaps(tmp
     curve.main([str(csv), "--bins", "2", "--reach", "10", "25", "50"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[5:8] == [
-        "reach 10: 2,100 frames, 0h20m of run time (20-episode mean)",
-        "reach 25: 3,600 frames, 0h34m of run time (20-episode mean)",  # 35 steps, 1 a gap
+        "reach 10: 2,100 frames, 20m00s of run time (20-episode mean)",
+        "reach 25: 3,600 frames, 34m00s of run time (20-episode mean)",  # 35 steps, 1 a gap
         "reach 50: not reached (best 20-episode mean 29.50 by 4,000 frames)"]
     assert (tmp_path / "run.png").is_file()
 
 
 def test_reach_times_are_whole_minutes_as_the_atari_report_writes_them(tmp_path, capsys):
-    """The run time to a level is cut to whole minutes, as report_atari's ``duration``:
-    3,579.6 s is 0h59m (rounding the minutes printed 0h60m) and 29,012.6 s is 8h03m."""
+    """The run time to a level is written as the Atari report writes it: under an hour to
+    the second (3,579.6 s is 59m40s), over it cut to whole minutes (7,199.4 s is 1h59m,
+    rounding the minutes printed 2h00m; 29,012.6 s is 8h03m)."""
     from report_throughput import duration
 
-    for seconds, expected in ((3579.6, "0h59m"), (29012.6, "8h03m")):
+    for seconds, expected in ((3579.6, "59m40s"), (7199.4, "1h59m"), (29012.6, "8h03m")):
         # 200 episodes (no gap over 5 minutes), the last 20 won: the 20-game mean reaches
         # 18 at the last one, ``seconds`` after the first
         wall = np.linspace(0.0, seconds, 200)
