@@ -18,6 +18,7 @@ from suite import (
     GRID,
     LOST,
     MINATAR,
+    RULED_OUT,
     SUMMARY,
     SuiteSpec,
     games_by_agent,
@@ -108,20 +109,26 @@ def finished_summary(run: Run, archive: Path | None) -> Path | None:
     return None
 
 
-def lost_summary(run: Run, archive: Path | None) -> dict[str, Any] | None:
-    """The archive's ``summary.json`` of ``run`` where it says the run was lost
-    (``suite.LOST``: its ``lost`` field says how), else None."""
-    summary = read_json(archive / run.name / SUMMARY) if archive is not None else None
-    return summary if isinstance(summary, dict) and summary.get("status") == LOST else None
+def closed_summary(run: Run, archive: Path | None) -> dict[str, Any] | None:
+    """The ``summary.json`` of ``run`` (the archive's, else its run directory's) where it
+    says the run is closed for good: lost (``suite.LOST``: its ``lost`` field says how) or
+    ruled out by its tuning rule (``suite.RULED_OUT``: ``ruled_out`` holds the reading);
+    else None."""
+    for path in ([archive / run.name / SUMMARY] if archive else []) + [run.run_dir / SUMMARY]:
+        summary = read_json(path)
+        if isinstance(summary, dict) and summary.get("status") in (LOST, RULED_OUT):
+            return summary
+    return None
 
 
 def state_of(run: Run, archive: Path | None = None) -> str:
-    """finished (skip), lost (skip: never run again), resume (checkpoints, not finished)
-    or fresh."""
+    """finished (skip), lost or ruled_out (skip: never run again), resume (checkpoints,
+    not finished) or fresh."""
     if finished_summary(run, archive) is not None:
         return "finished"
-    if lost_summary(run, archive) is not None:
-        return LOST
+    closed = closed_summary(run, archive)
+    if closed is not None:
+        return str(closed["status"])
     return "resume" if has_checkpoint(run.run_dir) else "fresh"
 
 

@@ -178,7 +178,7 @@ def reach_text(run: AtariRun, index: int) -> str:
         return f"{name} {frames(figure['frames'])}, {duration(figure['run_time_s'])}"
     if result.status == "finished":
         return f"{name} not reached"
-    return f"{name} not reached ({result.status} at {frames(result.frames)})"
+    return f"{name} not reached ({result.status.replace('_', ' ')} at {frames(result.frames)})"
 
 
 def eval_texts(runs: list[AtariRun]) -> tuple[str, str]:

@@ -40,6 +40,13 @@ M`` starts no run once M minutes have passed since the grid began (runs going on
 ``--stop-after M`` stops every run at M minutes as SIGTERM does (checkpoint and exit, to be
 resumed by the next invocation) and exits 0, or 1 when a run failed.
 
+A tuning candidate's rule, registered before its run, is ``--rule-out-at FRAMES BELOW``: at
+the first episode past FRAMES, a mean of the last 20 episodes below BELOW stops the run as
+SIGTERM does and records it as ``ruled_out`` (its summary's ``ruled_out`` holds the reading;
+the archive keeps its episodes and events, as a finished run's); it is skipped from then on,
+like a lost run. A run at or above BELOW goes on. A shell ``;`` after the command can start
+the next registered candidate in the freed slot.
+
 Each attempt appends a record to ``<out>/summary.jsonl`` and ``<run dir>/attempts.jsonl``;
 an attempt that ended on its own (finished or failed) also writes ``<run dir>/summary.json``.
 A record holds the run's throughput diagnosis (``throughput``: which side bounded it and
@@ -99,17 +106,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import carry  # noqa: E402
 from ale_speed import BUSY_ELSEWHERE_LIMIT, ale_alone  # noqa: E402
 from attempt_record import (  # noqa: E402
+    read_episodes,
     read_episodes_and_epsilons,
     summarise,
     write_episodes,
 )
+from curve import WINDOW, mean_past  # noqa: E402
 from grid_plan import (  # noqa: E402
     Run,
     append_line,
+    closed_summary,
     command_for,
     differences,
     finished_summary,
-    lost_summary,
     missing_presets,
     next_attempt,
     plan,
@@ -124,6 +133,7 @@ from suite import (  # noqa: E402
     DEFAULT_SUITE,
     EPISODES,
     LOST,
+    RULED_OUT,
     STDOUT,
     SUITES,
     SUMMARY,
@@ -133,6 +143,7 @@ from suite import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+JUDGE_EVERY_S = 300.0  # --rule-out-at: how often a running run's events are read
 # distrl.training.loop.StopFlag's line: the run checkpointed and exited 0
 SIGNALLED = "[distrl] received signal"
 
@@ -148,6 +159,9 @@ class Child:
     stdout_offset: int
     lock: IO[str]
     stop_sent: bool = False
+    judged: bool = False  # --rule-out-at: its rule has been read (it stays or it went)
+    ruled_out: dict[str, Any] | None = None  # the reading that stopped it
+    next_judgement: float = 0.0  # time.monotonic() of the next look at its episodes
 
 
 def _die_with_parent() -> None:
@@ -230,8 +244,9 @@ class Grid:
             print(f"[reproduce] skip {run.name}: finished ({where})"
                   f"{differences(read_json(where), run, self.args)}", flush=True)
             return
-        if state == LOST:
-            print(f"[reproduce] skip {run.name}: {lost_line(run, self.args.archive)}", flush=True)
+        if state in (LOST, RULED_OUT):
+            print(f"[reproduce] skip {run.name}: {closed_line(run, self.args.archive)}",
+                  flush=True)
             return
         run.run_dir.mkdir(parents=True, exist_ok=True)
         lock = open(run.run_dir / ".reproduce.lock", "w")  # noqa: SIM115 - held while it runs
@@ -295,6 +310,37 @@ class Grid:
         self.running.append(Child(run, proc, command, attempt, resumed, time.monotonic(),
                                   offset, lock))
 
+    def judge(self, child: Child) -> None:
+        """``--rule-out-at FRAMES BELOW``: once an episode has ended past FRAMES, the mean of
+        the last 20 there (``curve.mean_past``) below BELOW stops the run for good (SIGTERM:
+        it checkpoints; it is recorded as ruled out and never resumed); at or above it, the
+        run goes on and is not judged again. Its events are read every JUDGE_EVERY_S."""
+        rule = self.args.rule_out_at
+        if rule is None or child.judged or child.stop_sent:
+            return
+        now = time.monotonic()
+        if now < child.next_judgement:
+            return
+        child.next_judgement = now + JUDGE_EVERY_S
+        at_frames, below = int(rule[0]), float(rule[1])
+        episodes = read_episodes(child.run.run_dir)
+        reading = None if episodes is None else mean_past(episodes[0], episodes[1], at_frames)
+        if reading is None:
+            return
+        child.judged = True
+        episode_frames, mean, _ = reading
+        result = {"at_frames": at_frames, "below": below, "episode_frames": episode_frames,
+                  "mean": round(mean, 4)}
+        if mean < below:
+            child.ruled_out = result
+            print(f"[reproduce] {child.run.name}: {ruled_out_text(result)}; stopping it "
+                  "(SIGTERM: checkpoint and exit)", flush=True)
+            self.terminate(child)
+        else:
+            print(f"[reproduce] {child.run.name}: its {WINDOW}-game mean at {episode_frames:,} "
+                  f"frames, the first episode past {at_frames:,}, was {mean:.2f}, not below "
+                  f"{below:g}: it goes on", flush=True)
+
     def exited(self, child: Child) -> int | None:
         """The child's exit code once it has exited; what is left of its group is killed
         first, while the unreaped leader still holds the group id."""
@@ -312,7 +358,9 @@ class Grid:
         with open(run.run_dir / STDOUT, "rb") as log:
             log.seek(child.stdout_offset)
             text = log.read().decode(errors="replace")
-        if child.stop_sent or (code in (0, 130, 138, 143) and SIGNALLED in text):  # 128 + signal
+        if child.ruled_out is not None:
+            status = RULED_OUT
+        elif child.stop_sent or (code in (0, 130, 138, 143) and SIGNALLED in text):  # 128 + signal
             status = "stopped"
         else:
             status = "finished" if code == 0 else "failed"
@@ -327,6 +375,8 @@ class Grid:
         # attempts started without reproduce.py (by hand): their wall time is in no record,
         # so wall_s_total and fps leave them out
         record["unrecorded_attempts"] = child.attempt - 1 - len(previous)
+        if child.ruled_out is not None:
+            record["ruled_out"] = child.ruled_out
         ale = self.ale_of(run.game, child.attempt)
         record["ale_alone"] = [*(a["ale_alone"] for a in previous if a.get("ale_alone")),
                                *([ale] if ale is not None else [])]
@@ -345,10 +395,10 @@ class Grid:
                 write_atomic(directory / SUMMARY, json.dumps(record, indent=1) + "\n")
         if self.args.archive is not None:  # what another machine needs to continue it
             archived = self.args.archive / run.name
-            if status == "finished" and run.suite.keeps_episodes:  # hours: keep its record
+            if status in ("finished", RULED_OUT) and run.suite.keeps_episodes:  # hours of it
                 kept = carry.keep_events(run.run_dir, archived)
-                print(f"[reproduce] {run.name}: finished, {kept}", flush=True)
-            elif status == "finished":
+                print(f"[reproduce] {run.name}: {status.replace('_', ' ')}, {kept}", flush=True)
+            elif status in ("finished", RULED_OUT):
                 if carry.discard(archived):
                     print(f"[reproduce] {run.name}: finished, its carry deleted", flush=True)
             else:
@@ -386,6 +436,8 @@ class Grid:
             for child in self.running:  # a stop that came while it was being launched
                 if self.stopping and not child.stop_sent:
                     self.terminate(child)
+            for child in self.running:
+                self.judge(child)
             for child in list(self.running):
                 code = self.exited(child)
                 if code is not None:
@@ -418,10 +470,20 @@ def time_ale(args: argparse.Namespace, runs: list[Run]) -> dict[str, Any] | None
     return figures
 
 
-def lost_line(run: Run, archive: Path | None) -> str:
-    summary = lost_summary(run, archive) or {}
+def closed_line(run: Run, archive: Path | None) -> str:
+    """Why a lost or ruled-out run is skipped, from its summary."""
+    summary = closed_summary(run, archive) or {}
+    if summary.get("status") == RULED_OUT:
+        return f"{ruled_out_text(summary['ruled_out'])}; a ruled-out run is not resumed"
+    where = archive / run.name / SUMMARY if archive is not None else run.run_dir / SUMMARY
     return (f"lost at {summary.get('frames') or 0:,} frames ({summary.get('lost', 'no reason')}"
-            f"; {archive / run.name / SUMMARY}); a reported seed is not run again")
+            f"; {where}); a reported seed is not run again")
+
+
+def ruled_out_text(reading: dict[str, Any]) -> str:
+    return (f"ruled out: its {WINDOW}-game mean at {reading['episode_frames']:,} frames, the "
+            f"first episode past {reading['at_frames']:,}, was {reading['mean']:.2f}, below "
+            f"{reading['below']:g}")
 
 
 def describe_exit(code: int) -> str:
@@ -434,8 +496,8 @@ def dry_run(runs: list[Run], args: argparse.Namespace) -> None:
         if state == "finished":
             print(f"# skip {run.name}: finished ({finished_summary(run, args.archive)})")
             continue
-        if state == LOST:
-            print(f"# skip {run.name}: {lost_line(run, args.archive)}")
+        if state in (LOST, RULED_OUT):
+            print(f"# skip {run.name}: {closed_line(run, args.archive)}")
             continue
         holder = run_lock_holder(run.run_dir)
         if holder is not None:
@@ -493,6 +555,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-start-after", type=float, metavar="MINUTES",
                         help="start no run once this many minutes have passed since the grid "
                              "began; runs going on finish")
+    parser.add_argument("--rule-out-at", type=float, nargs=2, metavar=("FRAMES", "BELOW"),
+                        help="a tuning run's registered rule: at the first episode past "
+                             "FRAMES, a mean of the last 20 episodes below BELOW stops the "
+                             "run for good (recorded as ruled out, never resumed)")
     parser.add_argument("--stop-after", type=float, metavar="MINUTES",
                         help="at this many minutes, stop every run as SIGTERM does "
                              "(checkpoint, resumable) and exit")

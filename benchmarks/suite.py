@@ -116,6 +116,9 @@ ATTEMPTS = "attempts.jsonl"
 # A run that can neither go on nor be run again: its machine went, and with it everything
 # but what its summary.json records (its seed was reported, so it is never re-run).
 LOST = "lost"
+# A tuning run stopped by its registered rule (reproduce.py --rule-out-at): never resumed;
+# its summary.json's ``ruled_out`` holds the rule and its reading.
+RULED_OUT = "ruled_out"
 CARRY = "carry"  # an archived run's carry (carry.py): what another machine resumes it from
 CARRY_MANIFEST = "carry.json"
 KEPT_EVENTS = "events"  # a finished run's event files, xz-compressed, in its archive (carry.py)

@@ -17,6 +17,7 @@ from suite import (
     EPISODES,
     GRID,
     LOST,
+    RULED_OUT,
     SUMMARY,
     final_return,
     games_by_agent,
@@ -40,7 +41,7 @@ class RunResult:
     agent: str
     game: str
     seed: int
-    status: str  # finished | failed | unfinished | lost | missing
+    status: str  # finished | failed | unfinished | lost | ruled_out | missing
     exit_code: int | None = None
     frames: int = 0
     final: float | None = None  # mean of the last 100 training episodes
@@ -73,6 +74,8 @@ class RunResult:
             return f"s{self.seed} missing"
         if self.status == "lost":
             return f"s{self.seed} lost ({frames(self.frames)}, {value})"
+        if self.status == RULED_OUT:
+            return f"s{self.seed} ruled out ({frames(self.frames)}, {value})"
         if self.status == "failed":
             return f"s{self.seed} failed (exit {self.exit_code}, {frames(self.frames)}, {value})"
         return f"s{self.seed} unfinished ({frames(self.frames)}, {value})"
@@ -101,7 +104,7 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     summary = read_json(run_dir / SUMMARY)
     summary = summary if isinstance(summary, dict) else {}
     status = summary.get("status")
-    if status not in ("finished", "failed", LOST):
+    if status not in ("finished", "failed", LOST, RULED_OUT):
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
     result = RunResult(agent, game, seed, status, exit_code=summary.get("exit_code"))
     result.wall_s = summary.get("wall_s_total")

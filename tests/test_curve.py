@@ -164,3 +164,13 @@ def test_max_epsilon_on_a_run_without_epsilons_names_the_agents_that_log_them(tm
         curve.main([str(_run_dir(tmp_path)), "--max-epsilon", "0.01"])
     with pytest.raises(SystemExit, match=r"no episode of .* was played at epsilon <= 0.0001"):
         curve.main([str(_ladder_run_dir(tmp_path)), "--max-epsilon", "0.0001"])
+
+
+def test_a_rules_reading_is_the_20_game_mean_at_the_first_episode_past_its_frames():
+    frames = np.arange(1, 31) * 100  # 100 .. 3,000
+    returns = np.arange(30, dtype=float)  # 0 .. 29
+    # first past 2,000 is the 21st episode (2,100; index 20): the mean of 1 .. 20 is 10.5
+    assert curve.mean_past(frames, returns, 2000) == (2100, 10.5, 20)
+    # only 5 episodes by the first past 400 (500): their mean, 2.0
+    assert curve.mean_past(frames, returns, 400) == (500, 2.0, 4)
+    assert curve.mean_past(frames, returns, 3000) is None  # none has ended past it yet

@@ -1481,3 +1481,44 @@ def test_the_atari_curve_is_the_mean_of_the_seeds_with_a_min_max_band():
     np.testing.assert_array_equal(mean, [2.0, 5.0, 1.0, nan])
     np.testing.assert_array_equal(low, [1.0, 5.0, -2.0, nan])
     np.testing.assert_array_equal(high, [3.0, 5.0, 4.0, nan])
+
+
+def test_a_tuning_run_below_its_rule_is_ruled_out_for_good_and_one_above_goes_on(
+        tmp_path, monkeypatch, capsys):
+    """``--rule-out-at 500 0.6``: at the first episode past 500 frames (549) the last 20
+    episodes average seed + 0.05 x (1 + 2 x (2 + ... + 10) + 11) / 20 = seed + 0.3, so seed
+    0 (0.3) is stopped and recorded as ruled out, its events kept and no carry left, and it
+    is skipped from then on; seed 1 (1.3) runs on to its end."""
+    atari_presets(tmp_path, monkeypatch, "appo")
+    monkeypatch.setenv("FAKE_STEP_S", "0.25")  # 50 frames a step, 5 s a run
+    monkeypatch.setattr(reproduce, "JUDGE_EVERY_S", 0.0)
+    out, archive = tmp_path / "pong", tmp_path / "archive"
+    args = atari_args(out, "--archive", str(archive), "--rule-out-at", "500", "0.6",
+                      seeds=("0", "1"))
+    assert reproduce.main(args) == 0
+    printed = capsys.readouterr().out
+    reading = ("its 20-game mean at 549 frames, the first episode past 500, was "
+               "{mean}, {verdict} 0.6")
+    assert (f"appo-Pong-s0: ruled out: {reading.format(mean='0.30', verdict='below')}; "
+            "stopping it") in printed
+    assert f"appo-Pong-s1: {reading.format(mean='1.30', verdict='not below')}: it goes on" \
+        in printed
+    ruled = json.loads((archive / "appo-Pong-s0" / suite.SUMMARY).read_text())
+    assert ruled["status"] == suite.RULED_OUT
+    assert ruled["ruled_out"] == {"at_frames": 500, "below": 0.6, "episode_frames": 549,
+                                  "mean": 0.3}
+    assert 549 < ruled["frames"] < 1000  # stopped on its way, checkpointed
+    assert {p.name for p in (archive / "appo-Pong-s0").iterdir()} == {
+        suite.SUMMARY, suite.EPISODES, suite.KEPT_EVENTS}  # its curve and events, no carry
+    done = json.loads((archive / "appo-Pong-s1" / suite.SUMMARY).read_text())
+    assert (done["status"], done["frames"], "ruled_out" in done) == ("finished", 1000, False)
+
+    invoked = len(invocations(out / "appo-Pong-s0"))
+    assert reproduce.main(args) == 0  # again: neither run starts
+    printed = capsys.readouterr().out
+    assert (f"skip appo-Pong-s0: ruled out: {reading.format(mean='0.30', verdict='below')}; "
+            "a ruled-out run is not resumed") in printed
+    assert len(invocations(out / "appo-Pong-s0")) == invoked
+    report.main([str(archive)])
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    assert row[3] == "1/2"  # the ruled-out seed is not counted as finished
