@@ -169,16 +169,16 @@ def reach_record(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
     return out
 
 
-def mean_past(frames: np.ndarray, returns: np.ndarray, at_frames: int
+def mean_past(frames: np.ndarray, returns: np.ndarray, at_frames: int, window: int = WINDOW
               ) -> tuple[int, float, int] | None:
     """A tuning rule's reading "the 20-game mean at ``at_frames``": ``(frames, mean,
-    index)`` at the first episode past ``at_frames``, the mean of its last ``WINDOW``
+    index)`` at the first episode past ``at_frames``, the mean of its last ``window``
     episodes (fewer where the run has fewer); None until an episode has ended past it."""
     past = np.flatnonzero(frames > at_frames)
     if not len(past):
         return None
     at = int(past[0])
-    return int(frames[at]), float(np.mean(returns[max(0, at - WINDOW + 1):at + 1])), at
+    return int(frames[at]), float(np.mean(returns[max(0, at - window + 1):at + 1])), at
 
 
 def trailing_mean(returns: np.ndarray) -> np.ndarray:

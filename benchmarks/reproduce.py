@@ -41,11 +41,11 @@ M`` starts no run once M minutes have passed since the grid began (runs going on
 resumed by the next invocation) and exits 0, or 1 when a run failed.
 
 A tuning candidate's rule, registered before its run, is ``--rule-out-at FRAMES BELOW``: at
-the first episode past FRAMES, a mean of the last 20 episodes below BELOW stops the run as
-SIGTERM does and records it as ``ruled_out`` (its summary's ``ruled_out`` holds the reading;
-the archive keeps its episodes and events, as a finished run's); it is skipped from then on,
-like a lost run. A run at or above BELOW goes on. A shell ``;`` after the command can start
-the next registered candidate in the freed slot.
+the first episode past FRAMES, a mean of the last 20 episodes (``--rule-window``) below
+BELOW stops the run as SIGTERM does and records it as ``ruled_out`` (its summary's
+``ruled_out`` holds the reading; the archive keeps its episodes and events, as a finished
+run's); it is skipped from then on, like a lost run. A run at or above BELOW goes on. A
+shell ``;`` after the command can start the next registered candidate in the freed slot.
 
 Each attempt appends a record to ``<out>/summary.jsonl`` and ``<run dir>/attempts.jsonl``;
 an attempt that ended on its own (finished or failed) also writes ``<run dir>/summary.json``.
@@ -312,9 +312,10 @@ class Grid:
 
     def judge(self, child: Child) -> None:
         """``--rule-out-at FRAMES BELOW``: once an episode has ended past FRAMES, the mean of
-        the last 20 there (``curve.mean_past``) below BELOW stops the run for good (SIGTERM:
-        it checkpoints; it is recorded as ruled out and never resumed); at or above it, the
-        run goes on and is not judged again. Its events are read every JUDGE_EVERY_S."""
+        the last ``--rule-window`` (20) there (``curve.mean_past``) below BELOW stops the run
+        for good (SIGTERM: it checkpoints; it is recorded as ruled out and never resumed); at
+        or above it, the run goes on and is not judged again. Its events are read every
+        JUDGE_EVERY_S."""
         rule = self.args.rule_out_at
         if rule is None or child.judged or child.stop_sent:
             return
@@ -324,20 +325,22 @@ class Grid:
         child.next_judgement = now + JUDGE_EVERY_S
         at_frames, below = int(rule[0]), float(rule[1])
         episodes = read_episodes(child.run.run_dir)
-        reading = None if episodes is None else mean_past(episodes[0], episodes[1], at_frames)
+        window = self.args.rule_window
+        reading = (None if episodes is None
+                   else mean_past(episodes[0], episodes[1], at_frames, window))
         if reading is None:
             return
         child.judged = True
         episode_frames, mean, _ = reading
-        result = {"at_frames": at_frames, "below": below, "episode_frames": episode_frames,
-                  "mean": round(mean, 4)}
+        result = {"at_frames": at_frames, "below": below, "window": window,
+                  "episode_frames": episode_frames, "mean": round(mean, 4)}
         if mean < below:
             child.ruled_out = result
             print(f"[reproduce] {child.run.name}: {ruled_out_text(result)}; stopping it "
                   "(SIGTERM: checkpoint and exit)", flush=True)
             self.terminate(child)
         else:
-            print(f"[reproduce] {child.run.name}: its {WINDOW}-game mean at {episode_frames:,} "
+            print(f"[reproduce] {child.run.name}: its {window}-game mean at {episode_frames:,} "
                   f"frames, the first episode past {at_frames:,}, was {mean:.2f}, not below "
                   f"{below:g}: it goes on", flush=True)
 
@@ -481,9 +484,9 @@ def closed_line(run: Run, archive: Path | None) -> str:
 
 
 def ruled_out_text(reading: dict[str, Any]) -> str:
-    return (f"ruled out: its {WINDOW}-game mean at {reading['episode_frames']:,} frames, the "
-            f"first episode past {reading['at_frames']:,}, was {reading['mean']:.2f}, below "
-            f"{reading['below']:g}")
+    return (f"ruled out: its {reading['window']}-game mean at {reading['episode_frames']:,} "
+            f"frames, the first episode past {reading['at_frames']:,}, was "
+            f"{reading['mean']:.2f}, below {reading['below']:g}")
 
 
 def describe_exit(code: int) -> str:
@@ -559,6 +562,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a tuning run's registered rule: at the first episode past "
                              "FRAMES, a mean of the last 20 episodes below BELOW stops the "
                              "run for good (recorded as ruled out, never resumed)")
+    parser.add_argument("--rule-window", type=int, default=WINDOW, metavar="EPISODES",
+                        help="--rule-out-at's mean is over this many episodes (default "
+                             "%(default)s; 100 for a rule on the last-100 mean)")
     parser.add_argument("--stop-after", type=float, metavar="MINUTES",
                         help="at this many minutes, stop every run as SIGTERM does "
                              "(checkpoint, resumable) and exit")

@@ -174,3 +174,4 @@ def test_a_rules_reading_is_the_20_game_mean_at_the_first_episode_past_its_frame
     # only 5 episodes by the first past 400 (500): their mean, 2.0
     assert curve.mean_past(frames, returns, 400) == (500, 2.0, 4)
     assert curve.mean_past(frames, returns, 3000) is None  # none has ended past it yet
+    assert curve.mean_past(frames, returns, 2000, window=5) == (2100, 18.0, 20)  # 16 .. 20

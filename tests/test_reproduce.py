@@ -1505,8 +1505,8 @@ def test_a_tuning_run_below_its_rule_is_ruled_out_for_good_and_one_above_goes_on
         in printed
     ruled = json.loads((archive / "appo-Pong-s0" / suite.SUMMARY).read_text())
     assert ruled["status"] == suite.RULED_OUT
-    assert ruled["ruled_out"] == {"at_frames": 500, "below": 0.6, "episode_frames": 549,
-                                  "mean": 0.3}
+    assert ruled["ruled_out"] == {"at_frames": 500, "below": 0.6, "window": 20,
+                                  "episode_frames": 549, "mean": 0.3}
     assert 549 < ruled["frames"] < 1000  # stopped on its way, checkpointed
     assert {p.name for p in (archive / "appo-Pong-s0").iterdir()} == {
         suite.SUMMARY, suite.EPISODES, suite.KEPT_EVENTS}  # its curve and events, no carry
