@@ -10,7 +10,9 @@
 # Not in ALL_STEPS, named when wanted: runs, a real run of RUN_SECONDS (default 120) of
 # each agent's Atari preset on Pong (RUN_PRESETS) with the learner on DEVICE (default
 # cuda), its tensorboard events copied to $OUT/runs/<preset>/ and its diagnosis printed
-# (python -m distrl.diagnose): figures of a run, where the fps steps time a window.
+# (python -m distrl.diagnose): figures of a run, where the fps steps time a window; and
+# grid, runs of a results grid (GRID_GAMES, GRID_SEEDS, ...: see the step) through the
+# suite harness into its archive, each run's archive directory returned as a tarball.
 # Each step has its own time limit, writes its whole output to $OUT/<step>.log and prints the tail,
 # so one hung step cannot eat the others. Wheels in .whl/ (packages the GPU machine
 # lacks: gymnasium, ale-py, hydra-core, ...) are installed first when that folder exists.
@@ -113,8 +115,27 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
             run_step "run-$preset" 60 "$PY" -m distrl.diagnose "/tmp/gpu-runs/$preset"
         done
         ;;
+    grid)  # runs of a results grid on this machine's cores, into the committed archive
+        # GRID_GAMES (required), GRID_SEEDS (0), GRID_AGENT (appo), GRID_FRAMES (10000000),
+        # GRID_ARCHIVE (results/atari/atari5_appo), GRID_MINUTES (8, whole minutes): the harness stops and
+        # carries what has not finished by then. Each run's archive directory (a finished
+        # run's record, or a stopped run's carry) comes back as $OUT/grid-<run>.tgz; unpack
+        # it into the same archive where the grid is kept: tar xzf grid-<run>.tgz -C <archive>
+        archive=${GRID_ARCHIVE:-results/atari/atari5_appo}
+        run_step grid $((${GRID_MINUTES:-8} * 60 + 150)) "$PY" benchmarks/reproduce.py \
+            --suite atari --out /tmp/gpu-grid --archive "$archive" --agents "${GRID_AGENT:-appo}" \
+            --games ${GRID_GAMES:?GRID_GAMES names the games} --seeds ${GRID_SEEDS:-0} \
+            --frames "${GRID_FRAMES:-10000000}" --stop-after "${GRID_MINUTES:-8}" \
+            --set log.progress=lines agent.device="${DEVICE:-cuda}"
+        for game in $GRID_GAMES; do
+            for seed in ${GRID_SEEDS:-0}; do
+                run="${GRID_AGENT:-appo}-$game-s$seed"
+                [ -d "$archive/$run" ] && tar czf "$OUT/grid-$run.tgz" -C "$archive" "$run"
+            done
+        done
+        ;;
     *)
-        echo "gpu_check: unknown step $step (allowed: ${ALL_STEPS[*]} runs)" >&2
+        echo "gpu_check: unknown step $step (allowed: ${ALL_STEPS[*]} runs grid)" >&2
         exit 2
         ;;
     esac
