@@ -119,6 +119,25 @@ def test_prefetched_draws_do_not_depend_on_thread_timing():
     assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
 
 
+def test_a_draw_slower_than_the_update_is_the_learners_batch_time(tmp_path, monkeypatch):
+    """The prefetch thread draws the next batch during the update, and the learner waits
+    for that draw before writing priorities back. With a draw made 40 ms slower, longer
+    than CartPole's update, the learner waits for it after each update; the diagnosis
+    counts that wait as building batches ("batch"), not as time nobody accounts for
+    ("other")."""
+    draw = Prefetcher._draw
+    monkeypatch.setattr(Prefetcher, "_draw", lambda self: (time.sleep(0.04), draw(self))[1])
+    cfg = preset(tmp_path, "slow_draw", "total_frames=3000", "agent.replay_ratio=2.0")
+    cfg.log.interval_s = 0.2
+    figures = apex.run(cfg)["throughput"]["figures"]
+    # Each update's turn lasts at least the 40-ms draw, the update running beside it: the
+    # step and the batch figures account for at least 36 ms of each (without the wait,
+    # only the step's few ms and the inserts).
+    seconds_per_update = 1.0 / figures["updates_per_s"]
+    accounted = (figures["learner_step"] + figures["learner_copy"]) * seconds_per_update
+    assert accounted >= 0.036, figures
+
+
 def test_one_process_holds_the_replay_ratio(tmp_path):
     cfg = preset(tmp_path, "ratio", "total_frames=6000", "agent.replay_ratio=2.0")
     result = apex.run(cfg)

@@ -246,7 +246,16 @@ class ReplayFeed(loop.RankFrameBudget):
 
     def after_update(self, batch: SampleBatch | SequenceSample,
                      priorities: torch.Tensor | None) -> None:
+        drawing = time.perf_counter()
         self.prefetcher.settle()
+        # The next batch was being drawn during the update; where its draw takes longer
+        # (32 R2D2 sequences of stacked frames beside a GPU update), the learner waits here,
+        # and that wait is building its batches, as the one in Prefetcher.next is.
+        waited = time.perf_counter() - drawing
+        self.replay_wait_s += waited
+        self.total_replay_wait_s += waited
+        if self.logger is not None:
+            self.logger.add("learner/draw_wait_s", waited)
         if priorities is not None:  # None: the update was skipped (divergence guard)
             self.replay.update_priorities(batch.indices, priorities)
         if self.replay_ratio > 0:

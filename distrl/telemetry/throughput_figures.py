@@ -51,7 +51,9 @@ class Figures:
     actor_copy_s: float = _sum()  # actors writing steps into slots or writers, pulling weights
     actor_wait_s: float = _sum()  # actors waiting for a free slot: for the learner
     step_s: float = _sum()  # the learner's updates
-    learner_copy_s: float = _sum()  # the learner building batches (slot gathers, inserts, samples)
+    # the learner building batches: slot gathers, inserts, samples, and waits for the
+    # prefetched draw of its next batch
+    learner_copy_s: float = _sum()
     batch_wait_s: float = _sum()  # the learner waiting for full slots
     ratio_wait_s: float = _sum()  # replay: waiting for learning_starts or replay-ratio credit
     sampled: float = _sum()  # replay items sampled

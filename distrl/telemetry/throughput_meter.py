@@ -68,7 +68,8 @@ class ThroughputMeter:
             env_s=total("actor/env_wait_s"), forward_s=total("actor/policy_s"),
             actor_copy_s=total("actor/copy_s"), actor_wait_s=total("actor/slot_wait_s"),
             step_s=total("learner/step_s"),
-            learner_copy_s=total("learner/copy_s") + inserting + total("learner/replay_wait_s"),
+            learner_copy_s=(total("learner/copy_s") + inserting + total("learner/replay_wait_s")
+                            + total("learner/draw_wait_s")),
             batch_wait_s=total("learner/batch_wait_s"),
             ratio_wait_s=max(total("learner/data_wait_s") - inserting, 0.0),
             sampled=feed.get("sampled", 0.0), inserted=feed.get("inserted", 0.0),
