@@ -19,7 +19,12 @@ Cases (their targets in brackets):
   included), the public ``vtrace.from_importance_weights``, distrl's reference path and
   a TorchBeast-style loop over time in torch [>= 30x and >= 5x faster than the loop];
 - on CUDA, when present: V-trace T=80 B=256 and sampling 4096 from 2^22 leaves, op vs
-  the torch reference on the same GPU (each call synchronised).
+  the torch reference on the same GPU (each call synchronised);
+- last, with freed memory kept as runs keep it (``distributed.keep_freed_memory``): an
+  R2D2 Atari batch's observations gathered from the replay's frame ring (32 sequences of
+  125 steps of 4 stacked 84x84 uint8 frames, 113 MB, from 60,000 frames),
+  ``distrl.replay.storage.gather_rows`` against the advanced indexing it replaced; one
+  block of 25 calls per repeat.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from distrl import ops  # noqa: E402
+from distrl.replay.storage import gather_rows  # noqa: E402
 from distrl.replay.sum_tree import (  # noqa: E402
     SumTree,
     empty_tree,
@@ -48,6 +54,7 @@ from distrl.replay.sum_tree import (  # noqa: E402
     update_reference,
 )
 from distrl.rl import vtrace  # noqa: E402
+from distrl.run import malloc  # noqa: E402
 
 POOL = 1000  # pre-drawn random batches per sum-tree method
 
@@ -336,6 +343,26 @@ def bench_sum_tree_cuda(args: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------ report
 
 
+# ------------------------------------------------------------------ replay gather
+
+
+def bench_replay_gather(args: argparse.Namespace) -> dict:
+    g = torch.Generator().manual_seed(0)
+    ring = 60_000
+    frames = torch.randint(0, 256, (ring, 84, 84), dtype=torch.uint8, generator=g)
+    starts = torch.randint(0, ring - 130, (32, 1), generator=g)
+    # each step's stack is 4 consecutive frames of its sequence, as the writer stores them
+    ids = (starts + torch.arange(125))[:, :, None] + torch.arange(4)
+    assert torch.equal(gather_rows(frames, ids), frames[ids])
+    methods = {
+        "distrl gather_rows (index_select of whole rows)": lambda: gather_rows(frames, ids),
+        "advanced indexing frames[ids] (before)": lambda: frames[ids],
+    }
+    few = argparse.Namespace(**{**vars(args), "calls": BLOCK, "warmup": min(args.warmup, 2)})
+    return {"case": "replay gather cpu, R2D2 batch of 32 x 125 steps x 4 frames of 84x84 uint8",
+            "us": measure(methods, few)}
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -410,6 +437,11 @@ def main() -> None:
         print_table("update", gpu_tree["update_us"], "distrl torch reference")
     else:
         print("\nno CUDA device (or no CUDA kernels in distrl._C): GPU cases skipped")
+    print(f"\n{malloc.apply(True)}: freed memory kept, as a run keeps it")
+    case = bench_replay_gather(args)
+    results["cases"].append(case)
+    print(case["case"])
+    print_table("per call", case["us"], "advanced indexing frames[ids] (before)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

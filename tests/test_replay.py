@@ -16,7 +16,7 @@ from reference import chi2_quantile, importance_weights_naive
 
 from distrl.replay.buffer import ReplayBuffer
 from distrl.replay.samplers import PrioritizedSampler, UniformSampler
-from distrl.replay.storage import TransitionStorage
+from distrl.replay.storage import TransitionStorage, gather_rows
 from distrl.types import TransitionBatch
 
 FRAME = (2, 2)  # 4 bytes: room for a frame id below 2^32
@@ -93,6 +93,20 @@ def test_storage_rebuilds_exact_observations_after_wrap_around(capacity, frame_c
         assert live == len(storage) <= capacity
     assert storage.transitions_written == total_left + len(storage)
     assert storage.frames_written > 3 * min(frame_capacity, capacity)  # both rings wrapped
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bool])
+@pytest.mark.parametrize("ids_shape", [(7,), (3, 5), (2, 6, 4)])
+def test_gather_rows_is_advanced_indexing_of_the_frame_ring(dtype, ids_shape):
+    g = torch.Generator().manual_seed(3)
+    frames = (torch.rand(40, 6, 5, generator=g) * 255).to(dtype)
+    before = frames.clone()
+    ids = torch.randint(0, 40, ids_shape, generator=g)
+    got = gather_rows(frames, ids)
+    assert got.shape == (*ids_shape, 6, 5) and got.dtype == dtype
+    assert torch.equal(got, frames[ids])
+    got.zero_()  # a copy: the ring keeps its frames
+    assert torch.equal(frames, before)
 
 
 def test_storage_frames_are_stored_once_and_evict_whole_batches():

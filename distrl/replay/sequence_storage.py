@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from distrl.replay.storage import allocate_frames
+from distrl.replay.storage import allocate_frames, gather_rows
 from distrl.types import SequenceBatch, SequenceSample
 from distrl.validation import check_count
 
@@ -171,7 +171,7 @@ class SequenceStorage:
             raise ValueError(f"gather: ids must be stored, in [{self.oldest}, "
                              f"{self.transitions_written}); got {ids.min()}..{ids.max()}")
         slots = ids % self.capacity
-        observations = self.frames[self.observation_ids[slots] % self.frame_capacity]
+        observations = gather_rows(self.frames, self.observation_ids[slots] % self.frame_capacity)
         if self.frame_stack is None:
             observations = observations[:, :, 0]
         fields = {name: getattr(self, name)[slots].transpose(0, 1) for name in _STEP_FIELDS}
