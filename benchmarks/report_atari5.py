@@ -133,7 +133,8 @@ def markdown(suite: Suite, suite_dir: Path, reps: int = 2000, seed: int = 0) -> 
         "last 100 episodes, averaged over the finished seeds, with its 95% bootstrap "
         "interval over seeds; HNS = 100 (score - random) / (human - random), of that mean. "
         "Dopamine's columns: their 10M-frame training returns (sticky actions 0.25, 5 "
-        "seeds) and their HNS.",
+        "seeds) and their HNS. A seed marked (GPU learner) trained its learner on a GPU, "
+        "with that machine's cores acting; the others trained theirs on the CPU.",
         "",
         "| game | agent | seeds | final return [95% CI] | HNS % | per seed | eval return, "
         "mean | Dopamine DQN 10M (HNS) | Dopamine Rainbow 10M (HNS) |",

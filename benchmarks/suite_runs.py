@@ -60,13 +60,21 @@ class RunResult:
     # start no record kept (archives made before the spans were) count in unplaced_s
     spans: list[tuple[float, float]] = field(default_factory=list)
     unplaced_s: float = 0.0
+    # an attempt trained its learner on a GPU (agent.device=cuda in its command): a grid
+    # may run partly on a GPU machine's cores, and its table says which runs did
+    gpu_learner: bool = False
 
     @property
     def counted(self) -> bool:
         return self.status == "finished" and self.final is not None
 
     def describe(self) -> str:
-        """``s0 12.3`` for a finished run, else the seed and what became of it."""
+        """``s0 12.3`` for a finished run, else the seed and what became of it; ``(GPU
+        learner)`` after either where an attempt trained on a GPU."""
+        text = self._outcome()
+        return f"{text} (GPU learner)" if self.gpu_learner else text
+
+    def _outcome(self) -> str:
         value = "no episodes" if self.final is None else f"{self.final:.1f}"
         if self.status == "finished":
             return f"s{self.seed} {value}"
@@ -117,6 +125,8 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     if result.wall_s is None:  # not finished: the attempts so far
         result.wall_s = sum(a.get("wall_s") or 0.0 for a in attempts) if attempts else None
     result.spans, result.unplaced_s = attempt_spans(summary, attempts)
+    commands = [summary.get("command") or [], *(a.get("command") or [] for a in attempts)]
+    result.gpu_learner = any(learner_on_gpu(command) for command in commands)
     result.fps = summary.get("fps") if status == "finished" else None
     result.jobs = summary.get("jobs", 1) if status == "finished" else None
     events = read_events(run_dir)
@@ -142,6 +152,12 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         result.curve_frames = np.asarray(curve.get("frames", []), dtype=np.int64)
         result.curve_returns = np.asarray(curve.get("return_mean", []), dtype=np.float64)
     return result
+
+
+def learner_on_gpu(command: list[str]) -> bool:
+    """Whether a ``run.py`` command line put its learner on a GPU (``agent.device=cuda``,
+    ``cuda:N``)."""
+    return any(arg.startswith("agent.device=cuda") for arg in command)
 
 
 def attempt_spans(summary: dict, attempts: list[dict]) -> tuple[list[tuple[float, float]],

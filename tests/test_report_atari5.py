@@ -80,6 +80,30 @@ def test_a_game_row_averages_its_seeds_and_sets_both_references_beside_them(tmp_
     assert "Below Rainbow's by 2.0 points" in table
 
 
+def test_a_seed_whose_learner_ran_on_a_gpu_is_marked_in_its_row(tmp_path):
+    """Part of a grid may run on a GPU machine: a finished run whose command put the
+    learner on a GPU, and a carried one with such an attempt, are marked; the rest not."""
+    dqn_suite(tmp_path, [0, 1, 2], skip=("Phoenix", 2))
+    finished = tmp_path / suite.run_name("impala", "Qbert", 1) / suite.SUMMARY
+    record = json.loads(finished.read_text())
+    finished.write_text(json.dumps({**record, "command": [
+        "python", "run.py", "+experiment=atari_short_impala", "agent.device=cuda"]}))
+    carried = tmp_path / suite.run_name("impala", "Phoenix", 2)
+    for path in carried.glob("events.out.tfevents.*"):
+        path.unlink()
+    (carried / suite.CARRY).mkdir()
+    (carried / suite.CARRY / suite.CARRY_MANIFEST).write_text(json.dumps({"frames": 4_000_000}))
+    (carried / suite.CARRY / suite.ATTEMPTS).write_text(
+        json.dumps({"attempt": 1, "command": ["python", "run.py", "agent.device=cpu"]}) + "\n"
+        + json.dumps({"attempt": 2, "command": ["python", "run.py", "agent.device=cuda:0"]})
+        + "\n")
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    assert row_of(table, "Qbert", "impala")[5] == "s0 1245.0; s1 1245.0 (GPU learner); s2 1245.0"
+    phoenix = row_of(table, "Phoenix", "impala")[5]
+    assert phoenix.endswith("s2 unfinished (4.0M frames, no episodes) (GPU learner)"), phoenix
+    assert "(GPU learner)" not in row_of(table, "BattleZone", "impala")[5]
+
+
 def test_a_seed_without_all_five_games_gives_no_estimate(tmp_path):
     dqn_suite(tmp_path, [0, 1], skip=("Phoenix", 1))
     # the unfinished run evaluated too, at 0: its evaluation stays out of the game's mean
