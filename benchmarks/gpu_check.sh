@@ -117,7 +117,10 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
         ;;
     grid)  # runs of a results grid on this machine's cores, into the committed archive
         # GRID_GAMES (required), GRID_SEEDS (0), GRID_AGENT (appo), GRID_FRAMES (10000000),
-        # GRID_ARCHIVE (results/atari/atari5_appo), GRID_MINUTES (8, whole minutes): the harness stops and
+        # GRID_ARCHIVE (results/atari/atari5_appo), GRID_JOBS (1: runs side by side; each
+        # sizes itself for every core, so give each its share with GRID_SET, e.g.
+        # distributed.actors=6), GRID_SET (more overrides for every run),
+        # GRID_MINUTES (8, whole minutes): the harness stops and
         # carries what has not finished by then. Each run's archive directory (a finished
         # run's record, or a stopped run's carry) comes back as $OUT/grid-<run>.tgz; unpack
         # it into the same archive where the grid is kept: tar xzf grid-<run>.tgz -C <archive>
@@ -126,7 +129,8 @@ print({op: ops.has_kernel(op, 'cuda') for op in ops.OPS})" | tee -a "$OUT/build.
             --suite atari --out /tmp/gpu-grid --archive "$archive" --agents "${GRID_AGENT:-appo}" \
             --games ${GRID_GAMES:?GRID_GAMES names the games} --seeds ${GRID_SEEDS:-0} \
             --frames "${GRID_FRAMES:-10000000}" --stop-after "${GRID_MINUTES:-8}" \
-            --set log.progress=lines agent.device="${DEVICE:-cuda}"
+            --jobs "${GRID_JOBS:-1}" \
+            --set log.progress=lines agent.device="${DEVICE:-cuda}" ${GRID_SET:-}
         for game in $GRID_GAMES; do
             for seed in ${GRID_SEEDS:-0}; do
                 run="${GRID_AGENT:-appo}-$game-s$seed"
