@@ -340,9 +340,6 @@ def bench_sum_tree_cuda(args: argparse.Namespace) -> dict:
             "update_us": measure(updaters, args, sync=True)}
 
 
-# ------------------------------------------------------------------ report
-
-
 # ------------------------------------------------------------------ replay gather
 
 
@@ -361,6 +358,9 @@ def bench_replay_gather(args: argparse.Namespace) -> dict:
     few = argparse.Namespace(**{**vars(args), "calls": BLOCK, "warmup": min(args.warmup, 2)})
     return {"case": "replay gather cpu, R2D2 batch of 32 x 125 steps x 4 frames of 84x84 uint8",
             "us": measure(methods, few)}
+
+
+# ------------------------------------------------------------------ report
 
 
 def cpu_name() -> str:
