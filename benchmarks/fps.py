@@ -76,10 +76,24 @@ def learner_config(cfg):
     return getattr(cfg.agent, learner) if learner else cfg.agent
 
 
+def frames_at_held_ratio(updates: int, batch_size: int, replay_ratio: float,
+                         run_frames: int, run_inserted: int) -> float:
+    """The env frames ``updates`` updates consume when the run holds ``replay_ratio`` items
+    sampled per item inserted: ``batch_size / replay_ratio`` items an update, each carrying
+    the run's frames per inserted item. Frames counted as they arrive swing far from this
+    over a short window: actors insert a slot at a time, and the slots filled while the
+    replay filled drain at the start (40 Ape-X updates of batch 128 at ratio 4 can see no
+    insert at all)."""
+    frames_per_item = run_frames / max(run_inserted, 1)
+    return updates * batch_size / replay_ratio * frames_per_item
+
+
 def time_training(cfg, warmup_updates: int,
                   updates: int) -> tuple[float, float, float | None, float | None, str]:
     """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
-    timed part and, for replay agents, the fraction of learner time spent waiting on the
+    timed part (a replay agent that holds a replay ratio: the frames its updates consume at
+    that ratio, the rate the run sustains, as its own throughput report counts) and, for
+    replay agents, the fraction of learner time spent waiting on the
     replay (the prefetched sample) over the whole run; for SEED, the mean inference batch
     (envs per call) over the whole run; and the cores the learner process and its
     children used over the whole run (the run's throughput diagnosis)."""
@@ -99,7 +113,7 @@ def time_training(cfg, warmup_updates: int,
         cfg.log.dir, cfg.log.name, cfg.log.tensorboard = tmp, "bench", False
         cfg.checkpoint.interval_s = 1e9
         cfg.total_frames = 10**12
-        if replay_agent:  # actors run freely: count the frames they made in the window
+        if replay_agent:  # uncapped (replay_ratio 0): count the frames that arrived in the window
             result = run(cfg, should_stop=should_stop, progress=progress)
         else:
             result = run(cfg, should_stop=should_stop)
@@ -114,7 +128,12 @@ def time_training(cfg, warmup_updates: int,
     end = max(stamps)
     span, timed = stamps[end] - stamps[first], end - first
     if replay_agent:
-        frames = frames_at[end] - frames_at[first]
+        ratio = learner_config(cfg).replay_ratio
+        if ratio > 0:
+            frames = frames_at_held_ratio(timed, learner_config(cfg).batch_size, ratio,
+                                          result["frames"], result["inserted"])
+        else:
+            frames = frames_at[end] - frames_at[first]
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
         frames = timed * result["frames"] / result["updates"]
@@ -187,7 +206,8 @@ def main() -> None:
         vs = statistics.median(vs_fps)
         print(f"with {' '.join(args.vs)} median (same run): {vs:,.0f} env frames/s, "
               f"{statistics.median(vs_ups):.3f} learner updates/s; "
-              f"first/second = {median_fps / vs:.2f}")
+              f"first/second = {median_fps / vs:.2f} in frames/s, "
+              f"{statistics.median(ups) / statistics.median(vs_ups):.2f} in updates/s")
     learner = learner_config(cfg)
     if hasattr(learner, "trace_length"):  # R2D2: a batch is sequences of trained steps
         per_s = statistics.median(ups) * learner.batch_size

@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from fps import twin_overrides  # noqa: E402
+from fps import frames_at_held_ratio, twin_overrides  # noqa: E402
 
 
 def test_seed_twin_keeps_the_learner_device_and_settings() -> None:
@@ -26,3 +26,13 @@ def test_seed_twin_drops_the_other_learner_settings() -> None:
             "distributed.actors=4"]
     assert twin_overrides(seed, "impala") == [
         "agent=impala", "agent.lr=0.001", "distributed.actors=4"]
+
+
+def test_replay_frames_are_what_the_updates_consume_at_the_held_ratio() -> None:
+    # Ape-X on Atari: batch 128 at 4 samples per inserted transition, 4 frames a
+    # transition: an update consumes 32 transitions, 128 frames; 40 updates 5,120.
+    assert frames_at_held_ratio(40, 128, 4.0, run_frames=400_000,
+                                run_inserted=100_000) == 5_120
+    # R2D2: batch 4 at ratio 2, sequences adding 40 agent steps (160 frames) each.
+    assert frames_at_held_ratio(10, 4, 2.0, run_frames=160_000,
+                                run_inserted=1_000) == 3_200
