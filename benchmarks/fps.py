@@ -93,10 +93,10 @@ def time_training(cfg, warmup_updates: int,
     """Train ``warmup_updates + updates`` updates. Returns frames/s and updates/s over the
     timed part (a replay agent that holds a replay ratio: the frames its updates consume at
     that ratio, the rate the run sustains, as its own throughput report counts) and, for
-    replay agents, the fraction of learner time spent waiting on the
-    replay (the prefetched sample) over the whole run; for SEED, the mean inference batch
-    (envs per call) over the whole run; and the cores the learner process and its
-    children used over the whole run (the run's throughput diagnosis)."""
+    replay agents, the fraction of learner time spent waiting on the replay (the
+    prefetched sample) over the whole run; for SEED, the mean inference batch (envs per
+    call) over the whole run; and the cores the learner process and its children used
+    over the whole run (the run's throughput diagnosis)."""
     stamps: dict[int, float] = {}
     frames_at: dict[int, int] = {}
 
@@ -108,12 +108,14 @@ def time_training(cfg, warmup_updates: int,
         frames_at[done] = frames
 
     run = agents.get(cfg.agent.name).run
-    replay_agent = hasattr(learner_config(cfg), "replay_capacity")
+    learner = learner_config(cfg)
+    replay_agent = hasattr(learner, "replay_capacity")
+    uncapped = replay_agent and learner.replay_ratio == 0
     with tempfile.TemporaryDirectory() as tmp:
         cfg.log.dir, cfg.log.name, cfg.log.tensorboard = tmp, "bench", False
         cfg.checkpoint.interval_s = 1e9
         cfg.total_frames = 10**12
-        if replay_agent:  # uncapped (replay_ratio 0): count the frames that arrived in the window
+        if uncapped:  # count the frames that arrived in the window
             result = run(cfg, should_stop=should_stop, progress=progress)
         else:
             result = run(cfg, should_stop=should_stop)
@@ -128,12 +130,11 @@ def time_training(cfg, warmup_updates: int,
     end = max(stamps)
     span, timed = stamps[end] - stamps[first], end - first
     if replay_agent:
-        ratio = learner_config(cfg).replay_ratio
-        if ratio > 0:
-            frames = frames_at_held_ratio(timed, learner_config(cfg).batch_size, ratio,
-                                          result["frames"], result["inserted"])
-        else:
+        if uncapped:
             frames = frames_at[end] - frames_at[first]
+        else:
+            frames = frames_at_held_ratio(timed, learner.batch_size, learner.replay_ratio,
+                                          result["frames"], result["inserted"])
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
         frames = timed * result["frames"] / result["updates"]
