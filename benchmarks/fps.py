@@ -42,6 +42,7 @@ from ale_speed import ale_random_fps  # noqa: E402
 import agents  # noqa: E402
 from distrl.config import is_auto, register_configs  # noqa: E402
 from distrl.envs import atari_rom, is_atari  # noqa: E402
+from distrl.runners.replay_learner import frames_learned  # noqa: E402
 from distrl.training import sizing  # noqa: E402
 
 
@@ -74,18 +75,6 @@ def learner_config(cfg):
     """The unroll/replay learner's settings (SEED keeps them under agent.<learner>)."""
     learner = getattr(cfg.agent, "learner", None)
     return getattr(cfg.agent, learner) if learner else cfg.agent
-
-
-def frames_at_held_ratio(updates: int, batch_size: int, replay_ratio: float,
-                         run_frames: int, run_inserted: int) -> float:
-    """The env frames ``updates`` updates consume when the run holds ``replay_ratio`` items
-    sampled per item inserted: ``batch_size / replay_ratio`` items an update, each carrying
-    the run's frames per inserted item. Frames counted as they arrive swing far from this
-    over a short window: actors insert a slot at a time, and the slots filled while the
-    replay filled drain at the start (40 Ape-X updates of batch 128 at ratio 4 can see no
-    insert at all)."""
-    frames_per_item = run_frames / max(run_inserted, 1)
-    return updates * batch_size / replay_ratio * frames_per_item
 
 
 def time_training(cfg, warmup_updates: int,
@@ -133,8 +122,8 @@ def time_training(cfg, warmup_updates: int,
         if uncapped:
             frames = frames_at[end] - frames_at[first]
         else:
-            frames = frames_at_held_ratio(timed, learner.batch_size, learner.replay_ratio,
-                                          result["frames"], result["inserted"])
+            frames = frames_learned(timed * learner.batch_size, learner.replay_ratio,
+                                    result["frames"], result["inserted"])
         wait = result["replay_wait_s"] / max(result["learner_s"], 1e-9)
     else:  # an update consumes a fixed number of frames
         frames = timed * result["frames"] / result["updates"]

@@ -1,4 +1,5 @@
-"""benchmarks/fps.py: the plain run a SEED run is compared with."""
+"""benchmarks/fps.py: the plain run a SEED run is compared with, and the frames a replay
+agent's timed updates are credited with."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from fps import frames_at_held_ratio, twin_overrides  # noqa: E402
+from fps import twin_overrides  # noqa: E402
+
+from distrl.runners.replay_learner import frames_learned  # noqa: E402
 
 
 def test_seed_twin_keeps_the_learner_device_and_settings() -> None:
@@ -31,8 +34,6 @@ def test_seed_twin_drops_the_other_learner_settings() -> None:
 def test_replay_frames_are_what_the_updates_consume_at_the_held_ratio() -> None:
     # Ape-X on Atari: batch 128 at 4 samples per inserted transition, 4 frames a
     # transition: an update consumes 32 transitions, 128 frames; 40 updates 5,120.
-    assert frames_at_held_ratio(40, 128, 4.0, run_frames=400_000,
-                                run_inserted=100_000) == 5_120
+    assert frames_learned(40 * 128, 4.0, frames=400_000, inserted=100_000) == 5_120
     # R2D2: batch 4 at ratio 2, sequences adding 40 agent steps (160 frames) each.
-    assert frames_at_held_ratio(10, 4, 2.0, run_frames=160_000,
-                                run_inserted=1_000) == 3_200
+    assert frames_learned(10 * 4, 2.0, frames=160_000, inserted=1_000) == 3_200

@@ -127,6 +127,15 @@ def load_shard_replay(replay: ReplayBuffer, shard: dict[str, Any]) -> None:
             f"the checkpoint's config): {error}") from None
 
 
+def frames_learned(sampled: int, replay_ratio: float, frames: int, inserted: int) -> float:
+    """The env frames that ``sampled`` items drawn from the replay stand for when the run
+    holds ``replay_ratio`` items sampled per item inserted: ``sampled / replay_ratio`` items
+    inserted, each carrying the run's ``frames / inserted`` frames. Counting the frames as
+    they arrive instead swings far from this over a short window: actors insert a slot at a
+    time, and the slots filled while the replay filled drain at the start."""
+    return sampled / replay_ratio * frames / max(inserted, 1)
+
+
 class ReplayInserts:
     """What an experience source calls with each new batch: into the replay (learner
     thread only, between draws), with this rank's frames and the replay ratio's credit.
@@ -322,9 +331,9 @@ class ReplayFeed(loop.RankFrameBudget):
                                                                        strict=True))
         self._marks = marks
         start_frames, start_inserted, _ = self._start
-        frames_per_item = (frames - start_frames) / max(replay.inserted - start_inserted, 1)
-        learned = (sampled * frames_per_item / self.replay_ratio if self.replay_ratio > 0
-                   else arrived)
+        learned = (frames_learned(sampled, self.replay_ratio, frames - start_frames,
+                                  replay.inserted - start_inserted)
+                   if self.replay_ratio > 0 else arrived)
         return {"learned_frames": learned, "sampled": sampled, "inserted": inserted,
                 "replay_ratio_target": self.replay_ratio,
                 "replay_fill": len(replay) / self.parts.replay.capacity,
