@@ -121,8 +121,10 @@ def test_term_gradient_norms_on_the_torso_match_separate_backward_passes():
              "value": torso_grad_norm(weighted(0.5, 0.0) - weighted(0.0, 0.0)),
              "entropy": torso_grad_norm(weighted(0.0, 0.01) - weighted(0.0, 0.0))}
     loss, measured, _ = impala.loss_fn(model, unroll, **settings, measure_terms=True)
+    # "alone" takes a term as the difference of two float32 losses, ~100x the entropy
+    # term, so it carries float32's rounding times 100: about 1e-5 relative (1.3e-5 seen).
     for name in alone:
-        assert measured[f"grad/torso_{name}"] == pytest.approx(alone[name], rel=1e-5)
+        assert measured[f"grad/torso_{name}"] == pytest.approx(alone[name], rel=1e-4)
     model.zero_grad()
     loss.backward()
     measured_grads = [p.grad.clone() for p in model.parameters()]
