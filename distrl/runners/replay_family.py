@@ -71,7 +71,7 @@ class ReplayRun:
         self.prefetcher = Prefetcher(self.replay, parts.batch_size, self.generator, rank.device)
         self.counters: dict[str, Any] = {"frames": 0, "elapsed_s": 0.0, "update_credit": 0.0}
         self.feed = ReplayFeed(parts, self.replay, self.prefetcher, self.counters,
-                               self.replay_ratio, frame_budget, env.frames_per_step,
+                               self.replay_ratio, settings.total_frames, env.frames_per_step,
                                dist.start_timeout_s, world, layout, dist.envs_per_actor)
         self.experience = source(ReplaySourceContext(
             parts, rank_settings, layout, model, self.feed.inserts, layout.frame_shape,

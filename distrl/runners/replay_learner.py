@@ -172,18 +172,18 @@ class ReplayFeed(loop.RankFrameBudget):
     """A replay learner's batches (:class:`distrl.training.loop.Feed`): what the source sent is
     inserted (by :class:`ReplayInserts`), updates wait for ``learning_starts`` items and,
     with a replay ratio, for credit (``replay_ratio * inserted / batch_size`` updates); each
-    update's sample was
-    drawn by the :class:`Prefetcher`, and its new priorities are written back.
-    ``counters["frames"]`` counts this rank's frames (``frame_budget`` is its share)."""
+    update's sample was drawn by the :class:`Prefetcher`, and its new priorities are
+    written back. ``counters["frames"]`` counts this rank's frames
+    (:class:`~distrl.training.loop.RankFrameBudget`)."""
 
     def __init__(self, parts: ReplayAgentParts, replay: ReplayBuffer, prefetcher: Prefetcher,
-                 counters: dict[str, Any], replay_ratio: float, frame_budget: int,
+                 counters: dict[str, Any], replay_ratio: float, total_frames: int,
                  frames_per_step: int, start_timeout_s: float, world: int,
                  layout: ActorLayout, envs_per_actor: int):
         self.parts, self.replay, self.prefetcher = parts, replay, prefetcher
         self.counters = counters
         self.replay_ratio = replay_ratio
-        self.frame_budget = frame_budget
+        self.total_frames = total_frames  # of all ranks
         self.start_timeout_s = start_timeout_s
         self.world = world
         self.layout, self.envs_per_actor = layout, envs_per_actor

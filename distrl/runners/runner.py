@@ -11,8 +11,10 @@ source behind it, the learner, its checkpoint and its summary. A new experience 
 costs a family, not another copy of this lifecycle.
 
 One convention holds for both families: ``counters["frames"]`` counts this rank's frames,
-its share of ``total_frames`` is ``ceil(total_frames / learner ranks)``, and the run's
-frames are the sum over the learner ranks (:func:`distrl.transport.distributed.agree`).
+the run's frames are the sum over the learner ranks
+(:func:`distrl.transport.distributed.agree`), and the run ends when that sum reaches
+``total_frames`` (:class:`distrl.training.loop.RankFrameBudget`); a rank's even share,
+``ceil(total_frames / learner ranks)``, plans its learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -246,5 +248,5 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
 
 
 def frame_share(total_frames: int, world: int) -> int:
-    """A learner rank's share of ``total_frames``."""
+    """A learner rank's even share of ``total_frames``: what its schedules plan for."""
     return math.ceil(total_frames / world)

@@ -47,12 +47,12 @@ class UnrollFeed(loop.RankFrameBudget):
 
     def __init__(self, experience: Any, pool: SlotPool, learner: Learner,
                  counters: dict[str, Any], slots_per_batch: int, frames_per_update: int,
-                 frame_budget: int, world: int):
+                 total_frames: int, world: int):
         self.experience, self.pool, self.learner = experience, pool, learner
         self.counters = counters
         self.slots_per_batch = slots_per_batch
         self.frames_per_update = frames_per_update  # of this rank
-        self.frame_budget = frame_budget  # this rank's share
+        self.total_frames = total_frames  # of all ranks
         self.world = world
         self.logger: MetricLogger | None = None
         self.remote_actors: remote.RemoteActors | None = None
@@ -138,7 +138,8 @@ class UnrollRun:
             parts.precision)
         self.counters: dict[str, Any] = {"frames": 0, "elapsed_s": 0.0}
         self.feed = UnrollFeed(self.experience, self.pool, self.learner, self.counters,
-                               slots_per_batch, frames_per_update, frame_budget, rank.world)
+                               slots_per_batch, frames_per_update, settings.total_frames,
+                               rank.world)
         self.name = parts.name
 
     def restore(self, resumed: dict[str, Any]) -> None:

@@ -32,7 +32,8 @@ from distrl.transport import distributed
 
 
 class Feed(Protocol):
-    """Where a learner rank's batches come from, and its share of the frame budget."""
+    """Where a learner rank's batches come from, and how much of the run's frame budget
+    is spent."""
 
     def next_batch(self, stop_requested: Callable[[], bool]
                    ) -> tuple[Any, dict[str, float]] | None:
@@ -48,8 +49,11 @@ class Feed(Protocol):
     def rank_frames(self) -> int:
         """This rank's frames so far; the ranks' sum is the run's."""
 
+    def agreed(self, run_frames: int) -> None:
+        """The frames of all ranks, as the ranks just agreed after an update."""
+
     def budget_spent(self) -> bool:
-        """Whether this rank's share of ``total_frames`` is used up."""
+        """Whether the run's ``total_frames`` is spent, as far as this rank knows."""
 
     def report(self, span_s: float) -> tuple[dict[str, float], dict[str, float]]:
         """At each report: scalars to log, and figures for the printed line."""
@@ -63,17 +67,32 @@ class Feed(Protocol):
 
 class RankFrameBudget:
     """The one frame convention every Feed keeps (:mod:`distrl.runners.runner`):
-    ``counters["frames"]`` counts this rank's frames and ``frame_budget`` is its share of
-    ``total_frames``; a feed sets both."""
+    ``counters["frames"]`` counts this rank's frames and the run ends when the frames of all
+    ranks reach ``total_frames``; a feed sets both.
+
+    Ranks need not collect at one pace (a replay rank's actors may outrun another's), so a
+    rank past its even share learns on until the others make up the rest. A rank hears the
+    run's frames at each agreement (:meth:`agreed`); in between it adds its own since, a
+    lower bound of the run's, so a rank waiting for data stops waiting once that is spent.
+    """
 
     counters: dict[str, Any]
-    frame_budget: int
+    total_frames: int
+    _agreed: tuple[int, int] = (0, 0)  # the run's and this rank's frames at the agreement
 
     def rank_frames(self) -> int:
         return self.counters["frames"]
 
+    def agreed(self, run_frames: int) -> None:
+        self._agreed = (run_frames, self.counters["frames"])
+
+    def run_frames(self) -> int:
+        """The run's frames as far as this rank knows: at least this many."""
+        run, own = self._agreed
+        return run + self.counters["frames"] - own
+
     def budget_spent(self) -> bool:
-        return self.counters["frames"] >= self.frame_budget
+        return self.run_frames() >= self.total_frames
 
 
 _stop_signal: int | None = None  # the signal that stopped this process's latest run
@@ -233,6 +252,7 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
                 fetched, failure = None, error
             before = distributed.agree(fetched is None, False, feed.rank_frames(),
                                        float("nan"), ranks)
+            feed.agreed(before.frames)
             if before.stop:
                 frames = before.frames
                 break
@@ -249,17 +269,18 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
             except TooManyRestarts as error:
                 failure = error
             agreement = distributed.agree(
-                failure is not None or signals.requested or feed.budget_spent()
+                failure is not None or signals.requested
                 or (should_stop is not None and should_stop(learner.updates)),
                 time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
                 feed.rank_frames(), recent_mean_20(logger), ranks)
             frames = agreement.frames
+            feed.agreed(frames)
             if progress is not None:
                 progress(learner.updates, frames)
             report.display.tick(frames)
             target = settings.stop_at_return
-            stop_now = agreement.stop or (target is not None
-                                          and agreement.mean_return_20 >= target)
+            stop_now = (agreement.stop or feed.budget_spent()
+                        or (target is not None and agreement.mean_return_20 >= target))
             if logger.due() or stop_now:
                 last_report = report(frames, last_report, agreement.mean_return_20)
             if agreement.checkpoint:
