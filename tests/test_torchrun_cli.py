@@ -71,9 +71,10 @@ def _error_lines(output: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A two-rank run of 20 updates, checkpointing every 0.5 s."""
+    """A two-rank run of 20 updates with a periodic checkpoint due after every update
+    (1 ms apart), whatever the machine's speed: 0.5 s once outlasted a whole fast run."""
     tmp = tmp_path_factory.mktemp("torchrun")
-    return tmp, _torchrun(tmp, "total_frames=25600", "checkpoint.interval_s=0.5")
+    return tmp, _torchrun(tmp, "total_frames=25600", "checkpoint.interval_s=0.001")
 
 
 def test_a_finished_run_exits_0_with_rank_0_writing_tensorboard_and_checkpoints(finished):
