@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fake_meter import fixed_meter
 from learning import learning_seed, report
 from presets import Training, run_group
 from torch import nn
@@ -152,18 +153,12 @@ def _train_uneven_ranks(info, out_dir: str) -> None:
                              due=lambda: False, write=lambda frames, line: None,
                              mean_recent_return=lambda n: float("nan"), recent_returns=[],
                              stream=io.StringIO())
-    figures = SimpleNamespace(as_scalars=dict, cores=2.0, learner_rss=0.0, actors_rss=0.0)
-    split = SimpleNamespace(env_s=1.0, forward_s=1.0, step_s=1.0, actor_copy_s=0.0,
-                            learner_copy_s=0.0)
-    meter = SimpleNamespace(
-        measure=lambda *args: (figures, SimpleNamespace(scalars=dict)),
-        recent=lambda: (split, SimpleNamespace(figures={"cpu_busy": 1.0}, short="?")))
     settings = SimpleNamespace(total_frames=2000, stop_at_return=None,
                                checkpoint=SimpleNamespace(interval_s=3600.0),
                                log=SimpleNamespace(progress="lines"),
                                distributed=SimpleNamespace(resync_interval=0))
     frames = loop.train(learner, feed, logger, settings, info, feed.counters,
-                        lambda frames: Path(out_dir), None, None, meter)
+                        lambda frames: Path(out_dir), None, None, fixed_meter())
     torch.save({"frames": frames, "own": feed.counters["frames"], "updates": learner.updates},
                Path(out_dir) / f"rank{info.rank}.pt")
 

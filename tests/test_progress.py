@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_meter import fixed_meter
 
 from distrl.config import ConfigError, LogConfig
 from distrl.telemetry.progress import (
@@ -112,12 +113,7 @@ def reporter_at(monkeypatch, times: list[float]) -> tuple[Any, list[ProgressRepo
     from distrl.training import loop
 
     shown: list[ProgressReport] = []
-    figures = SimpleNamespace(as_scalars=dict, cores=2.0, learner_rss=0.0, actors_rss=0.0)
-    split = SimpleNamespace(env_s=1.0, forward_s=1.0, step_s=1.0, actor_copy_s=0.0,
-                            learner_copy_s=0.0)
-    meter = SimpleNamespace(
-        measure=lambda *args: (figures, SimpleNamespace(scalars=dict)),
-        recent=lambda: (split, SimpleNamespace(figures={"cpu_busy": 1.0}, short="?")))
+    meter = fixed_meter()
     reporter = loop.Reporter(
         SimpleNamespace(add_many=lambda scalars: None, write=lambda frames, line: None,
                         mean_recent_return=lambda n: math.nan),
