@@ -353,7 +353,6 @@ def test_impala_trains_with_two_learner_ranks_and_exits_0(tmp_path, actors):
 
 
 TRAIN_AGENT_WITH_2_RANKS = """
-import io
 import json
 import os
 import sys
