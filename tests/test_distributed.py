@@ -258,6 +258,22 @@ def test_ranks_collecting_at_different_paces_stop_together_once_their_sum_is_spe
     assert [r["updates"] for r in ranks] == [5, 5]
 
 
+def test_episodes_are_stamped_at_the_agreed_run_frames_plus_this_ranks_since():
+    """The slower of two ranks, resumed at 1,600 run frames with 500 of its own, then 50
+    more: its episodes stamp at 1,600 + 2 x 50 = 1,700, not 2 x 550 = 1,100 (below the
+    checkpoint they resumed from). At the next agreement, the run's own figure."""
+    feed = _UnevenFeed(50, total_frames=4000)
+    feed.world = 2
+    feed.counters["frames"] = 500
+    feed.agreed(1600)  # as the runner seeds a resumed run
+    assert feed.episode_frames() == 1600
+    feed.next_batch(lambda: False)
+    assert feed.episode_frames() == 1700
+    assert feed.run_frames() == 1650  # the budget's lower bound counts only its own
+    feed.agreed(1810)  # the faster rank collected 260 meanwhile
+    assert feed.episode_frames() == 1810
+
+
 FAILING_RANK = """
 import sys, time
 import torch, torch.distributed as dist

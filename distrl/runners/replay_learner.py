@@ -285,7 +285,7 @@ class ReplayFeed(loop.RankFrameBudget):
         return float(epsilons[index]) if env >= 0 and index < len(epsilons) else float("nan")
 
     def _collect_actor_stats(self) -> None:
-        logger, frames = self.logger, self.counters["frames"] * self.world
+        logger, frames = self.logger, self.episode_frames()
         for actor_id, stats in self.experience.drain():
             for ret in stats.episode_returns:
                 logger.add(f"actor{actor_id}/episode_return", ret)

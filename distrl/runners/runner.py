@@ -194,6 +194,8 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
     run = family.build(parts, settings, rank, topology, source)
     if resumed is not None:
         run.restore(resumed)
+        # the ranks' frames at the checkpoint, so that episodes stamp on from there
+        run.feed.agreed(run.frames_all_ranks(resumed))
         run.experience.weights.publish(rank.model, run.learner.updates)
     logger = rank.make_logger(run.frames_all_ranks(resumed) if resumed is not None else None)
     # The last 100 returns go on from the checkpoint, so the 20-game mean (and

@@ -81,7 +81,7 @@ class UnrollFeed(loop.RankFrameBudget):
 
     def _collect_actor_stats(self) -> None:
         assert self.logger is not None
-        frames = self.counters["frames"] * self.world  # the ranks learn in step
+        frames = self.episode_frames()
         for stats in self.experience.drain():
             loop.log_actor_stats(self.logger, stats, frames)
         loop.log_remote_actors(self.logger, self.remote_actors, frames)

@@ -78,6 +78,7 @@ class RankFrameBudget:
 
     counters: dict[str, Any]
     total_frames: int
+    world: int = 1  # learner ranks
     _agreed: tuple[int, int] = (0, 0)  # the run's and this rank's frames at the agreement
 
     def rank_frames(self) -> int:
@@ -93,6 +94,14 @@ class RankFrameBudget:
 
     def budget_spent(self) -> bool:
         return self.run_frames() >= self.total_frames
+
+    def episode_frames(self) -> int:
+        """The run's frames to write an episode that just ended at: the agreed frames plus
+        this rank's since, times the ranks, as if every rank collected at this one's pace.
+        Exact at each agreement and, between them, for ranks in step (IMPALA's); an
+        estimate, not the lower bound :meth:`run_frames` keeps for the budget."""
+        run, own = self._agreed
+        return run + (self.counters["frames"] - own) * self.world
 
 
 _stop_signal: int | None = None  # the signal that stopped this process's latest run
