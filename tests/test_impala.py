@@ -249,6 +249,33 @@ def test_a_resumed_run_continues_its_last_100_returns(tmp_path):
     assert resumed["mean_return_20"] == pytest.approx(np.mean((window + played)[-20:]))
 
 
+def test_a_resumed_run_reads_stop_at_return_only_once_each_env_has_ended_a_game(tmp_path):
+    """Every CartPole game returns at least 8, so stop_at_return=8 holds on the carried
+    window at once; after a resume the run still waits until its 32 envs have ended 32
+    games (the first to end after a restart are the shortest), then stops."""
+    frames = 20 * 640
+    part = impala.run(cartpole_config(tmp_path, "part", total_frames=100_000),
+                      should_stop=lambda updates: updates >= 7)
+    assert len(part["returns"]) >= 20 and min(part["returns"]) >= 8
+    played: list[float] = []
+    original_episode = MetricLogger.episode
+
+    def recording_episode(logger: MetricLogger, episode_return: float, *args: Any,
+                          **kwargs: Any) -> None:
+        played.append(float(episode_return))
+        original_episode(logger, episode_return, *args, **kwargs)
+
+    resumed_cfg = dataclasses.replace(
+        cartpole_config(tmp_path, "part", total_frames=100_000), stop_at_return=8.0)
+    resumed_cfg.resume = part["checkpoint"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MetricLogger, "episode", recording_episode)
+        resumed = impala.run(resumed_cfg)
+    assert resumed["frames"] < 100_000 - frames  # stopped by the return, not the budget
+    assert len(played) >= 32
+    assert resumed["updates"] > 8
+
+
 def test_ppo_clip_loss_is_the_clipped_surrogate_on_vtrace_advantages():
     """agent.ppo_clip (APPO): with pi != mu, the policy term is -sum min(r A, clip(r) A),
     r = pi/mu, A = r_t + gamma vs_{t+1} - V(x_t) from V-trace's vs; checked on a 2-step

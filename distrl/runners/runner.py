@@ -185,6 +185,14 @@ def train_agent(family: Family, parts: Any, settings: RunSettings,
             distributed.shutdown()
 
 
+def envs_feeding(settings: RunSettings, topology: Topology) -> int:
+    """The envs whose episodes a learner rank logs: its own actors' and those of the
+    actor-only ranks that send to it (each with this rank's actors and envs)."""
+    dist = settings.distributed
+    return (1 + len(topology.remote_ranks)) * max(int(dist.actors), 1) * int(
+        dist.envs_per_actor)  # both sized by now, never 'auto'
+
+
 def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
            source: Callable[[Any], Any], kernel_line: str, should_stop: StopCheck | None,
            progress: ProgressHook | None) -> RunSummary:
@@ -224,7 +232,9 @@ def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,
         run.start(cleanup, logger, remote_actors)
         meter = rank.make_meter(serial=topology.serial)
         frames = loop.train(run.learner, run.feed, logger, settings, ranks, run.counters,
-                            save_checkpoint, should_stop, progress, meter=meter)
+                            save_checkpoint, should_stop, progress, meter=meter,
+                            settle_games=0 if resumed is None else envs_feeding(settings,
+                                                                                topology))
         throughput = meter.finish(logger.stream)
         with loop.checkpointing():
             final = final_checkpoint(resumed, run.learner.updates,

@@ -45,6 +45,7 @@ class MetricLogger:
 
             self._writer = SummaryWriter(log_dir, purge_step=purge_step)
         self.recent_returns: list[float] = []
+        self.episodes_here = 0  # episodes this logger wrote (a resume's carried ones aside)
 
     def add(self, name: str, value: float) -> None:
         """Accumulate one sample of a scalar; its mean is written at the next report."""
@@ -67,6 +68,7 @@ class MetricLogger:
         exploration rate of the env that played it (``episode/epsilon``, NaN where not
         known) where the run has one per env (Ape-X's and R2D2's ladder): a run writes it
         with every episode or with none, so the n-th epsilon is the n-th return's."""
+        self.episodes_here += 1
         self.recent_returns.append(float(episode_return))
         del self.recent_returns[:-100]
         if self._writer is not None:

@@ -223,9 +223,15 @@ def resync_if_due(model: torch.nn.Module, updates: int, settings: RunSettings,
 def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSettings,
           ranks: distributed.RankInfo | None, counters: dict[str, Any],
           save_checkpoint: Callable[[int], Path], should_stop: Callable[[int], bool] | None,
-          progress: Callable[[int, int], None] | None, meter: ThroughputMeter) -> int:
+          progress: Callable[[int, int], None] | None, meter: ThroughputMeter,
+          settle_games: int = 0) -> int:
     """Train until the frame budget is spent or a stop is asked (SIGINT, SIGTERM, SIGUSR1,
     ``should_stop(updates)``, ``stop_at_return``); returns the frames of all ranks.
+
+    ``stop_at_return`` reads the ranks' 20-game mean once each rank has written
+    ``settle_games`` episodes in this process (the runner asks for one per env after a
+    resume): a resume restarts every env's game at once, so the first games to end are the
+    shortest, in Pong the most decisive, a window an uninterrupted run never sees.
 
     Under torchrun every rank runs this loop with its own feed; two small all-reduces per
     update keep them in step: one before the update (every rank updates or none does: a
@@ -281,7 +287,9 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
                 failure is not None or signals.requested
                 or (should_stop is not None and should_stop(learner.updates)),
                 time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
-                feed.rank_frames(), recent_mean_20(logger), ranks)
+                feed.rank_frames(),
+                recent_mean_20(logger) if settle_games == 0
+                or logger.episodes_here >= settle_games else float("nan"), ranks)
             frames = agreement.frames
             feed.agreed(frames)
             if progress is not None:
