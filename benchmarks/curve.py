@@ -121,8 +121,9 @@ def at_most(epsilons: np.ndarray, max_epsilon: float) -> np.ndarray:
 
 def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
                 max_epsilon: float, source: Path) -> tuple[Episodes, int]:
-    """The episodes played by envs with epsilon at most ``max_epsilon`` and how many of the
-    run's episodes have no epsilon recorded (NaN: before the run logged it)."""
+    """The episodes played by envs with epsilon at most ``max_epsilon`` (their frames,
+    returns and run seconds on the run's clock, :func:`run_time` of every episode) and how
+    many of the run's episodes have no epsilon recorded (NaN: before the run logged it)."""
     frames, returns, wall, epsilons = columns
     if epsilons is None:
         raise SystemExit(f"curve: {source} records no episode/epsilon: --max-epsilon needs a "
@@ -131,7 +132,9 @@ def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | 
     if not keep.any():
         raise SystemExit(f"curve: no episode of {source} was played at epsilon <= "
                          f"{max_epsilon:g}")
-    return (frames[keep], returns[keep], wall[keep]), int(np.isnan(epsilons).sum())
+    # the run's clock is every episode's: these alone are sparser than its gaps
+    clock = run_time(wall)[keep]
+    return (frames[keep], returns[keep], clock), int(np.isnan(epsilons).sum())
 
 
 def run_time(wall: np.ndarray) -> np.ndarray:
@@ -141,12 +144,14 @@ def run_time(wall: np.ndarray) -> np.ndarray:
     return np.cumsum(np.where(steps > GAP_S, 0.0, steps))
 
 
-def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: float
-            ) -> tuple[int, float] | None:
+def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: float,
+            clock: np.ndarray | None = None) -> tuple[int, float] | None:
     """(frames, run seconds) at the first episode where the mean of the last ``WINDOW``
-    episodes is at least ``level``; None if it never is."""
+    episodes is at least ``level``; None if it never is. ``clock``: the episodes' run
+    seconds where they are some of a run's (:func:`near_greedy`), else ``run_time(wall)``."""
     at = first_reaching(returns, level)
-    return None if at is None else (int(frames[at]), float(run_time(wall)[at]))
+    seconds = run_time(wall) if clock is None else clock
+    return None if at is None else (int(frames[at]), float(seconds[at]))
 
 
 def first_reaching(returns: np.ndarray, level: float) -> int | None:
@@ -194,10 +199,10 @@ def trailing_mean(returns: np.ndarray) -> np.ndarray:
 
 
 def reach_lines(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
-                levels: list[float]) -> list[str]:
+                levels: list[float], clock: np.ndarray | None = None) -> list[str]:
     lines = []
     for level in levels:
-        hit = reached(frames, returns, wall, level)
+        hit = reached(frames, returns, wall, level, clock)
         if hit is None:
             best = (np.nanmax(trailing_mean(returns)) if len(returns) >= WINDOW
                     else float("nan"))
@@ -287,13 +292,14 @@ def main(argv: list[str] | None = None) -> None:
     if columns is None:
         raise SystemExit(f"no episode/return scalars in {args.run_dir}")
     frames, returns, wall = columns[:3]
+    clock = None  # run_time(wall), but for a subset of the run's episodes
     if args.max_epsilon is not None:
-        (frames, returns, wall), unknown = near_greedy(columns, args.max_epsilon,
-                                                        args.run_dir)
+        (frames, returns, clock), unknown = near_greedy(columns, args.max_epsilon,
+                                                         args.run_dir)
         print(f"episodes at epsilon <= {args.max_epsilon:g}: {len(returns)} "
               f"({unknown} of the run's episodes have no epsilon recorded)")
     binned = bin_returns(frames, returns, args.bins)
-    print("\n".join(markdown(binned) + reach_lines(frames, returns, wall, args.reach)))
+    print("\n".join(markdown(binned) + reach_lines(frames, returns, wall, args.reach, clock)))
     if args.csv:  # every episode, whatever --max-epsilon kept
         write_csv(args.csv, *columns)
         print(f"episodes: {args.csv}")

@@ -101,6 +101,22 @@ def test_reach_times_are_whole_minutes_as_the_atari_report_writes_them(tmp_path,
     assert duration(29012.6) == "8h03m"  # the report's figure for the same time
 
 
+def test_near_greedy_reach_is_timed_on_the_runs_clock_not_on_its_own_sparse_episodes():
+    """80 episodes 100 s apart, every fourth at epsilon 0.001 (so 400 s apart, more than
+    the 5-minute gap that marks a stopped run) and returning 20, the rest -21: the near-
+    greedy envs' 20-game mean reaches 18 at their 20th game, episode 80, 7,900 s into the
+    run; timed on their own episodes every gap would count as a stop, and it was 0 s."""
+    n = 80
+    near = np.arange(n) % 4 == 3
+    columns = (np.arange(1, n + 1) * 1000, np.where(near, 20.0, -21.0),
+               1_000_000.0 + np.arange(n) * 100.0, np.where(near, 0.001, 0.4))
+    (frames, returns, clock), unknown = curve.near_greedy(columns, 0.01, Path("run"))
+    assert unknown == 0 and len(returns) == 20
+    np.testing.assert_array_equal(clock, np.arange(3, n, 4) * 100.0)
+    assert curve.reach_lines(frames, returns, columns[2], [18.0], clock) == [
+        "reach 18: 80,000 frames, 2h11m of run time (20-episode mean)"]
+
+
 def test_a_window_of_whole_returns_summing_to_the_level_reaches_it():
     # These 20 Pong scores sum to 360: their mean is 18 exactly, which a convolution with
     # weights of 1/20 computes as 17.999999999999996 and so would never call reached.
