@@ -308,7 +308,8 @@ def as_composed(words: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """The overrides that compose as run.py's command line, and those left out.
 
     ``-m`` goes (a sweep's first value stands for it), as do ``resume=`` (it needs a run
-    directory) and, when its plugin is missing, a launcher's overrides. Raises Hydra's
+    directory) with the ``resume_overrides=`` beside it (they apply only on a resume) and,
+    when its plugin is missing, a launcher's overrides. Raises Hydra's
     OverrideParseException on an override run.py would not parse either."""
     kept, left_out = [], []
     for word in words:
@@ -320,10 +321,12 @@ def as_composed(words: tuple[str, ...]) -> tuple[list[str], list[str]]:
             kept.append(word)
     parsed = OverridesParser.create().parse_overrides(kept)
     missing_launcher = launcher_missing(parsed)
+    resuming = {"resume", "resume_overrides"} if any(
+        o.key_or_group == "resume" for o in parsed) else set()
     overrides = []
     for word, override in zip(kept, parsed, strict=True):
         key = override.key_or_group
-        if key == "resume" or (missing_launcher and key.startswith(("hydra/launcher",
+        if key in resuming or (missing_launcher and key.startswith(("hydra/launcher",
                                                                         "hydra.launcher"))):
             left_out.append(word)
         elif override.is_sweep_override():
@@ -493,6 +496,12 @@ def test_a_command_reads_as_the_shell_and_run_py_read_it() -> None:
     assert overrides == ["seed=0", "log.name=s${seed}", "log.dir=/x/1",
                          "hydra.launcher.n_jobs=2"]
     assert left_out == ["-m", f"resume=runs/{PLACEHOLDER}"]
+    # resume_overrides goes with resume=, and stays (to be refused) without it
+    assert as_composed(("resume=runs/x", "total_frames=9", "resume_overrides=[total_frames]")
+                       ) == (["total_frames=9"],
+                             ["resume=runs/x", "resume_overrides=[total_frames]"])
+    assert as_composed(("resume_overrides=[total_frames]",))[0] == [
+        "resume_overrides=[total_frames]"]
     assert shell_words("pip install -e . && python run.py env=Pong; ls") == [
         ["pip", "install", "-e", "."], ["python", "run.py", "env=Pong"], ["ls"]]
     error, _ = composing_error(("agent.optimizer.lrr=1",))
