@@ -74,6 +74,11 @@ class RunSettings:
                    evaluation=evaluation)
 
     @property
+    def local_envs(self) -> int:
+        """Envs this rank's actors step: envs_per_actor for each actor (one, in process)."""
+        return max(self.distributed.actors, 1) * self.distributed.envs_per_actor
+
+    @property
     def envs_per_group(self) -> int:
         """Envs one env group steps as a batch: envs_per_actor / env_groups."""
         return self.distributed.envs_per_actor // self.distributed.env_groups

@@ -328,7 +328,7 @@ def actor_layout(parts: ReplayAgentParts, settings: RunSettings, env: Any,
     every rank (learners and actor-only ranks alike)."""
     dist = settings.distributed
     frame_stack = settings.env.frame_stack if is_atari(settings.env.id) else None
-    local_envs = max(dist.actors, 1) * dist.envs_per_actor
+    local_envs = settings.local_envs
     world = ranks.world_size if ranks is not None else 1
     stream_base = 0
     if ranks is not None and not ranks.is_learner:

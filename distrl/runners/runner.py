@@ -188,9 +188,7 @@ def train_agent(family: Family, parts: Any, settings: RunSettings,
 def envs_feeding(settings: RunSettings, topology: Topology) -> int:
     """The envs whose episodes a learner rank logs: its own actors' and those of the
     actor-only ranks that send to it (each with this rank's actors and envs)."""
-    dist = settings.distributed
-    return (1 + len(topology.remote_ranks)) * max(int(dist.actors), 1) * int(
-        dist.envs_per_actor)  # both sized by now, never 'auto'
+    return (1 + len(topology.remote_ranks)) * settings.local_envs
 
 
 def _learn(family: Family, parts: Any, rank: LearnerRank, topology: Topology,

@@ -182,9 +182,13 @@ def checkpointing() -> Iterator[None]:
         yield
 
 
-def recent_mean_20(logger: MetricLogger) -> float:
-    """Mean raw return of the last 20 episodes, NaN before 20 have finished."""
-    return logger.mean_recent_return(20) if len(logger.recent_returns) >= 20 else float("nan")
+def recent_mean_20(logger: MetricLogger, settle_games: int = 0) -> float:
+    """Mean raw return of the last 20 episodes, NaN before 20 have finished or before this
+    process has written ``settle_games`` (:func:`train`)."""
+    if len(logger.recent_returns) < 20 or (settle_games
+                                           and logger.episodes_here < settle_games):
+        return float("nan")
+    return logger.mean_recent_return(20)
 
 
 def log_actor_stats(logger: MetricLogger, stats: ActorStats, frames: int,
@@ -287,9 +291,7 @@ def train(learner: Learner, feed: Feed, logger: MetricLogger, settings: RunSetti
                 failure is not None or signals.requested
                 or (should_stop is not None and should_stop(learner.updates)),
                 time.monotonic() - last_checkpoint >= settings.checkpoint.interval_s,
-                feed.rank_frames(),
-                recent_mean_20(logger) if settle_games == 0
-                or logger.episodes_here >= settle_games else float("nan"), ranks)
+                feed.rank_frames(), recent_mean_20(logger, settle_games), ranks)
             frames = agreement.frames
             feed.agreed(frames)
             if progress is not None:
