@@ -124,17 +124,25 @@ def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | 
     """The episodes played by envs with epsilon at most ``max_epsilon`` (their frames,
     returns and run seconds on the run's clock, :func:`run_time` of every episode) and how
     many of the run's episodes have no epsilon recorded (NaN: before the run logged it)."""
-    frames, returns, wall, epsilons = columns
+    epsilons = columns[3]
     if epsilons is None:
         raise SystemExit(f"curve: {source} records no episode/epsilon: --max-epsilon needs a "
                          "run of an agent with an epsilon per env (Ape-X, R2D2, SEED-R2D2)")
-    keep = at_most(epsilons, max_epsilon)
-    if not keep.any():
+    kept = near_greedy_episodes(columns[:3], epsilons, max_epsilon)
+    if not len(kept[1]):
         raise SystemExit(f"curve: no episode of {source} was played at epsilon <= "
                          f"{max_epsilon:g}")
-    # the run's clock is every episode's: these alone are sparser than its gaps
-    clock = run_time(wall)[keep]
-    return (frames[keep], returns[keep], clock), int(np.isnan(epsilons).sum())
+    return kept, int(np.isnan(epsilons).sum())
+
+
+def near_greedy_episodes(episodes: Episodes, epsilons: np.ndarray, max_epsilon: float
+                         ) -> Episodes:
+    """The frames, returns and run seconds of the episodes played at epsilon at most
+    ``max_epsilon``, the seconds on the run's clock (:func:`run_time` of every episode:
+    these alone are sparser than its gaps)."""
+    frames, returns, wall = episodes
+    keep = at_most(epsilons, max_epsilon)
+    return frames[keep], returns[keep], run_time(wall)[keep]
 
 
 def run_time(wall: np.ndarray) -> np.ndarray:

@@ -23,9 +23,9 @@ from curve import (
     GAP_S,
     WINDOW,
     Episodes,
-    at_most,
     episode_columns,
     first_reaching,
+    near_greedy_episodes,
     reach_record,
     run_time,
     trailing_mean,
@@ -297,21 +297,18 @@ def near_greedy_lines(sources: Sources, levels: list[float]) -> list[str]:
         for run, _ in pairs:
             if run.episodes is None or run.epsilons is None:
                 continue
-            kept = np.flatnonzero(at_most(run.epsilons, NEAR_GREEDY_EPSILON))
-            if not len(kept):
+            kept_frames, returns, clock = near_greedy_episodes(run.episodes, run.epsilons,
+                                                               NEAR_GREEDY_EPSILON)
+            if not len(returns):
                 continue
-            all_frames, all_returns, all_wall = run.episodes
-            returns = all_returns[kept]
-            # the run's clock is every episode's: these alone are sparser than its gaps
-            clock = run_time(all_wall)[kept]
             texts = []
             for level in levels:
                 at = first_reaching(returns, level)
                 texts.append("not reached" if at is None else
-                             f"{frames(int(all_frames[kept[at]]))}, {duration(float(clock[at]))}")
+                             f"{frames(int(kept_frames[at]))}, {duration(float(clock[at]))}")
             unknown = int(np.isnan(run.epsilons).sum())
             rows.append(f"| {game} | {agent} | s{run.result.seed} | {len(returns)} from "
-                        f"{frames(int(all_frames[kept[0]]))} ({unknown} without an epsilon) | "
+                        f"{frames(int(kept_frames[0]))} ({unknown} without an epsilon) | "
                         f"{returns[-FINAL_EPISODES:].mean():.2f} | {' | '.join(texts)} |")
     if not rows:
         return []
