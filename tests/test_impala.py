@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -222,6 +224,22 @@ def test_resume_continues_update_counter_and_learning_rate(tmp_path):
     assert resumed["run_dir"] == part["run_dir"]
 
 
+@contextlib.contextmanager
+def recorded_episodes() -> Iterator[list[float]]:
+    """The returns every MetricLogger writes inside the block, in order."""
+    played: list[float] = []
+    original_episode = MetricLogger.episode
+
+    def recording_episode(logger: MetricLogger, episode_return: float, *args: Any,
+                          **kwargs: Any) -> None:
+        played.append(float(episode_return))
+        original_episode(logger, episode_return, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MetricLogger, "episode", recording_episode)
+        yield played
+
+
 def test_a_resumed_run_continues_its_last_100_returns(tmp_path):
     """The checkpoint holds the last 100 training returns, and a resumed run's window (its
     20-game mean, which stop_at_return reads) goes on from them, as one uninterrupted run's:
@@ -231,18 +249,9 @@ def test_a_resumed_run_continues_its_last_100_returns(tmp_path):
                       should_stop=lambda updates: updates >= 7)
     window = load(part["checkpoint"])["counters"]["recent_returns"]
     assert window == part["returns"] and len(window) > 20
-    played: list[float] = []
-    original_episode = MetricLogger.episode
-
-    def recording_episode(logger: MetricLogger, episode_return: float, *args: Any,
-                          **kwargs: Any) -> None:
-        played.append(float(episode_return))
-        original_episode(logger, episode_return, *args, **kwargs)
-
     resumed_cfg = cartpole_config(tmp_path, "part", total_frames=frames)
     resumed_cfg.resume = part["checkpoint"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(MetricLogger, "episode", recording_episode)
+    with recorded_episodes() as played:
         resumed = impala.run(resumed_cfg, should_stop=lambda updates: updates >= 8)
     assert resumed["updates"] == 8 and 0 < len(played) < 20
     assert resumed["returns"] == (window + played)[-100:]
@@ -257,19 +266,10 @@ def test_a_resumed_run_reads_stop_at_return_only_once_each_env_has_ended_a_game(
     part = impala.run(cartpole_config(tmp_path, "part", total_frames=100_000),
                       should_stop=lambda updates: updates >= 7)
     assert len(part["returns"]) >= 20 and min(part["returns"]) >= 8
-    played: list[float] = []
-    original_episode = MetricLogger.episode
-
-    def recording_episode(logger: MetricLogger, episode_return: float, *args: Any,
-                          **kwargs: Any) -> None:
-        played.append(float(episode_return))
-        original_episode(logger, episode_return, *args, **kwargs)
-
     resumed_cfg = dataclasses.replace(
         cartpole_config(tmp_path, "part", total_frames=100_000), stop_at_return=8.0)
     resumed_cfg.resume = part["checkpoint"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(MetricLogger, "episode", recording_episode)
+    with recorded_episodes() as played:
         resumed = impala.run(resumed_cfg)
     assert resumed["frames"] < 100_000 - frames  # stopped by the return, not the budget
     assert len(played) >= 32
