@@ -9,7 +9,8 @@ with its 95% bootstrap interval over seeds, each seed's figure, its human-normal
 agent: the Atari-5 estimate of the 57-game median HNS for each seed that finished all five
 games, their mean with its 95% bootstrap interval over seeds, against Dopamine's DQN and
 Rainbow estimates and, below Rainbow's, by how much and on which games; and the IQM of HNS
-over games and seeds with its stratified bootstrap interval (Agarwal et al. 2021). The
+over games and seeds with its stratified bootstrap interval (Agarwal et al. 2021). Then
+the grid's throughput and wall time (``report_throughput.py``, as the MinAtar report). The
 protocol (the papers' 30 no-op starts, or Machado et al.'s sticky actions) is read from the
 grid's overrides and named in the heading, as is the frame budget.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from atari_scores import ATARI5, RANDOM_HUMAN, REFERENCES, atari5_estimate, human_normalized
 from report_cells import fmt_ci, seeds_text
+from report_throughput import throughput_table
 from suite import GRID, read_json
 from suite_runs import RunResult, Suite, frames
 from suite_stats import bootstrap_ci, iqm_rows, mean_rows
@@ -147,4 +149,5 @@ def markdown(suite: Suite, suite_dir: Path, reps: int = 2000, seed: int = 0) -> 
     lines.append("")
     for agent in suite.agents:
         lines += agent_summary(suite, agent, reps, seed)
+    lines += ["", throughput_table(suite).rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -146,3 +146,20 @@ def test_the_heading_names_machados_protocol_when_the_grid_asked_for_it(tmp_path
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=100)
     assert "Protocol: Machado et al. 2018's (sticky actions 0.25" in table
+
+
+def test_the_table_ends_with_the_grids_wall_time(tmp_path):
+    """Issue 47 asks for the grid's wall time beside its table: two seeds' runs of 3,000 s
+    each at 3,333 frames/s, one after another (no spans, so no overlap to discount), and
+    one run unfinished after two attempts of 600 s: 10 x 3,000 - 3,000 + 1,200 s."""
+    dqn_suite(tmp_path, [0, 1], skip=("Qbert", 1))
+    for run_dir in tmp_path.iterdir():
+        record_path = run_dir / suite.SUMMARY
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+            record_path.write_text(json.dumps({**record, "fps": 3333.0, "wall_s_total": 3000.0}))
+    unfinished = tmp_path / suite.run_name("impala", "Qbert", 1)
+    (unfinished / suite.ATTEMPTS).write_text('{"wall_s": 600.0}\n{"wall_s": 600.0}\n')
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=100)
+    assert "| impala | 9 | 1 | 3,333 | 3,333-3,333 | 50m00s | 7h50m |" in table  # 28,200 s
+    assert table.rstrip().endswith("Wall time of the suite so far: 7h50m, one run at a time.")
