@@ -19,20 +19,14 @@ many reports: the table gives how many there were and how many distinct frame co
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import logging
-import lzma
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite import archived_event_files, event_files  # noqa: E402
+from suite import archived_event_files, event_files, read_scalars  # noqa: E402
 
 UPDATES_TAG = "learner/updates"  # distrl.training.loop's report: step = frames, value = updates
 
@@ -68,31 +62,9 @@ class Rates:
 
 def read_reports(paths: list[Path]) -> list[Report]:
     """Every ``learner/updates`` report in the event files, by wall time."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
-    out = []
-    for path in paths:
-        with _readable(path) as plain:
-            events = EventAccumulator(str(plain), size_guidance={"scalars": 0})
-            events.Reload()
-        if UPDATES_TAG in events.Tags().get("scalars", []):
-            out += [Report(e.wall_time, e.step, e.value) for e in events.Scalars(UPDATES_TAG)]
-    return sorted(out, key=lambda report: report.wall)
-
-
-@contextlib.contextmanager
-def _readable(path: Path) -> Iterator[Path]:
-    """``path`` itself, or an xz-compressed event file unpacked into a temporary directory
-    for the time of the ``with`` (tensorboard reads plain files only)."""
-    if path.suffix != ".xz":
-        yield path
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        plain = Path(scratch) / path.stem
-        with lzma.open(path, "rb") as packed, open(plain, "wb") as out:
-            shutil.copyfileobj(packed, out)
-        yield plain
+    events = read_scalars(paths).get(UPDATES_TAG, [])
+    return sorted((Report(e.wall_time, e.step, e.value) for e in events),
+                  key=lambda report: report.wall)
 
 
 def clock_time(text: str, day: dt.date) -> float:

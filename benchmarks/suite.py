@@ -14,8 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import lzma
 import math
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +214,31 @@ def archived_event_files(archive_run: Path) -> list[Path]:
     of its carry (a run still going)."""
     kept = sorted((archive_run / KEPT_EVENTS).glob("events.out.tfevents.*.xz"))
     return kept or sorted((archive_run / CARRY).glob("events.out.tfevents.*.xz"))
+
+
+def read_scalars(paths: list[Path]) -> dict[str, list[Any]]:
+    """Every scalar of the event files, by tag: tensorboard's events (``wall_time``,
+    ``step``, ``value``) file after file, in the order written. A file may be plain or
+    xz-compressed, as an archive keeps it (tensorboard reads plain files only, so it is
+    unpacked into a temporary directory while read)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
+    scalars: dict[str, list[Any]] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for path in paths:
+            plain = path
+            if path.suffix == ".xz":
+                plain = Path(scratch) / path.stem
+                with lzma.open(path, "rb") as packed, open(plain, "wb") as out:
+                    shutil.copyfileobj(packed, out)
+            events = EventAccumulator(str(plain), size_guidance={"scalars": 0})
+            events.Reload()
+            for tag in events.Tags().get("scalars", []):
+                scalars.setdefault(tag, []).extend(events.Scalars(tag))
+            if plain != path:
+                plain.unlink()
+    return scalars
 
 
 def read_json(path: Path) -> Any:
