@@ -60,6 +60,14 @@ def frames_text(n: float) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{int(n):,}"
 
 
+def value_text(mean: float) -> str:
+    """A bin's mean: whole numbers from 100 up (episode lengths, returns), else 3
+    significant digits; "—" for a bin without a point."""
+    if np.isnan(mean):
+        return "—"
+    return f"{mean:,.0f}" if abs(mean) >= 100 else f"{mean:.3g}"
+
+
 def table(runs: list[Path], tags: list[str], bins: int, total: int | None) -> str:
     """One markdown row per run and tag, one column per bin of env frames."""
     points = {run: run_points(run, tags) for run in runs}
@@ -71,7 +79,7 @@ def table(runs: list[Path], tags: list[str], bins: int, total: int | None) -> st
     lines = [f"| run | tag | {' | '.join(heads)} |", "|---|---|" + "---:|" * bins]
     for run, per_tag in points.items():
         for tag, (steps, values) in per_tag.items():
-            cells = ["—" if np.isnan(m) else f"{m:.4g}" for m in binned_means(steps, values, edges)]
+            cells = [value_text(m) for m in binned_means(steps, values, edges)]
             lines.append(f"| {run.name} | {tag} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 

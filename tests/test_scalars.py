@@ -78,3 +78,8 @@ def test_binned_means_against_a_hand_computed_case():
     steps = np.array([0, 9, 10, 20, 25])  # 25 lies past the last edge: left out
     values = np.array([1.0, 2.0, 4.0, 8.0, 100.0])
     assert scalars.binned_means(steps, values, edges) == [1.5, 6.0]
+
+
+def test_a_mean_from_100_up_is_written_whole_and_below_it_to_3_digits():
+    assert [scalars.value_text(m) for m in (25_261.4, 100.0, 2.0666, -0.00512, float("nan"))] \
+        == ["25,261", "100", "2.07", "-0.00512", "—"]
