@@ -62,7 +62,7 @@ class Rates:
 
 def read_reports(paths: list[Path]) -> list[Report]:
     """Every ``learner/updates`` report in the event files, by wall time."""
-    events = read_scalars(paths).get(UPDATES_TAG, [])
+    events = read_scalars(paths, as_one_run=False).get(UPDATES_TAG, [])
     return sorted((Report(e.wall_time, e.step, e.value) for e in events),
                   key=lambda report: report.wall)
 

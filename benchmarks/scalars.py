@@ -9,8 +9,9 @@ A run is given by its directory or by its archive directory, whose event files a
 xz-compressed (a finished run's, or its carry's for a run still going). The bins split 0 to
 ``--frames`` (default: the largest step of the tags asked for) into equal widths; a bin
 holds the points whose step is at least its start and below its end (the last one's end
-included), and a bin without one is shown as "—". Every point counts once, whichever
-attempt wrote it (tensorboard drops the events a resume purged).
+included), and a bin without one is shown as "—". The attempts' files are read as one
+run, as tensorboard shows it: a resume drops what the attempt before it wrote past the
+checkpoint it resumed from, so each frame's value counts once.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def run_points(run_dir: Path, tags: list[str]) -> dict[str, tuple[np.ndarray, np
     if not files:
         raise SystemExit(f"scalars: {run_dir} holds no tensorboard event file (nor an "
                          "archive's, xz-compressed)")
-    scalars = read_scalars(files)
+    scalars = read_scalars(files, as_one_run=True)
     missing = [tag for tag in tags if tag not in scalars]
     if missing:
         raise SystemExit(f"scalars: {run_dir} has no {', '.join(missing)}; its tags: "

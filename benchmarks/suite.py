@@ -216,28 +216,42 @@ def archived_event_files(archive_run: Path) -> list[Path]:
     return kept or sorted((archive_run / CARRY).glob("events.out.tfevents.*.xz"))
 
 
-def read_scalars(paths: list[Path]) -> dict[str, list[Any]]:
+def read_scalars(paths: list[Path], as_one_run: bool) -> dict[str, list[Any]]:
     """Every scalar of the event files, by tag: tensorboard's events (``wall_time``,
-    ``step``, ``value``) file after file, in the order written. A file may be plain or
-    xz-compressed, as an archive keeps it (tensorboard reads plain files only, so it is
-    unpacked into a temporary directory while read)."""
+    ``step``, ``value``). A file may be plain or xz-compressed, as an archive keeps it
+    (tensorboard reads plain files only, so it is unpacked into a temporary directory).
+
+    ``as_one_run``: the files are read as one stream in name (start time) order, as
+    tensorboard shows a run, so a resume drops the events that the attempt before it wrote
+    past the checkpoint it resumed from (each frame's value once, as a curve wants);
+    otherwise each file is read on its own and keeps every event it holds (the work done
+    in clock time, as a throughput wants)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
     scalars: dict[str, list[Any]] = {}
+
+    def read(where: Path) -> None:
+        events = EventAccumulator(str(where), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags().get("scalars", []):
+            scalars.setdefault(tag, []).extend(events.Scalars(tag))
+
     with tempfile.TemporaryDirectory() as scratch:
-        for path in paths:
-            plain = path
+        plain_files = []
+        for path in sorted(paths, key=lambda p: p.name) if as_one_run else paths:
+            plain = Path(scratch) / path.name.removesuffix(".xz")
             if path.suffix == ".xz":
-                plain = Path(scratch) / path.stem
                 with lzma.open(path, "rb") as packed, open(plain, "wb") as out:
                     shutil.copyfileobj(packed, out)
-            events = EventAccumulator(str(plain), size_guidance={"scalars": 0})
-            events.Reload()
-            for tag in events.Tags().get("scalars", []):
-                scalars.setdefault(tag, []).extend(events.Scalars(tag))
-            if plain != path:
-                plain.unlink()
+            else:
+                plain.symlink_to(path.resolve())
+            plain_files.append(plain)
+        if as_one_run:
+            read(Path(scratch))
+        else:
+            for plain in plain_files:
+                read(plain)
     return scalars
 
 
