@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite import archived_event_files, event_files, read_scalars  # noqa: E402
+from suite import read_scalars, run_event_files  # noqa: E402
 
 UPDATES_TAG = "learner/updates"  # distrl.training.loop's report: step = frames, value = updates
 
@@ -97,10 +97,7 @@ def utc(seconds: float) -> str:
 
 
 def run_rates(run_dir: Path, start: str | None, end: str | None) -> Rates:
-    files = event_files(run_dir) or archived_event_files(run_dir)
-    if not files:
-        raise SystemExit(f"rates: {run_dir} holds no tensorboard event file (nor an "
-                         "archive's, xz-compressed)")
+    files = run_event_files(run_dir, "rates")
     # Without a window, the newest attempt: its own event file.
     reports = read_reports(files if start or end else files[-1:])
     if not reports:

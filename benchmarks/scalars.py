@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from suite import archived_event_files, event_files, read_scalars  # noqa: E402
+from suite import read_scalars, run_event_files  # noqa: E402
 
 
 def binned_means(steps: np.ndarray, values: np.ndarray, edges: np.ndarray) -> list[float]:
@@ -42,10 +42,7 @@ def binned_means(steps: np.ndarray, values: np.ndarray, edges: np.ndarray) -> li
 def run_points(run_dir: Path, tags: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each tag's (steps, values) in the run's event files; a tag the run never wrote is
     refused with the tags it did write."""
-    files = event_files(run_dir) or archived_event_files(run_dir)
-    if not files:
-        raise SystemExit(f"scalars: {run_dir} holds no tensorboard event file (nor an "
-                         "archive's, xz-compressed)")
+    files = run_event_files(run_dir, "scalars")
     scalars = read_scalars(files, as_one_run=True)
     missing = [tag for tag in tags if tag not in scalars]
     if missing:

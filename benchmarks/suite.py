@@ -216,6 +216,16 @@ def archived_event_files(archive_run: Path) -> list[Path]:
     return kept or sorted((archive_run / CARRY).glob("events.out.tfevents.*.xz"))
 
 
+def run_event_files(run_dir: Path, tool: str) -> list[Path]:
+    """A run's event files: its own directory's, else (an archive directory) the archive's
+    xz-compressed ones; a directory with neither is refused, the message led by ``tool``."""
+    files = event_files(run_dir) or archived_event_files(run_dir)
+    if not files:
+        raise SystemExit(f"{tool}: {run_dir} holds no tensorboard event file (nor an "
+                         "archive's, xz-compressed)")
+    return files
+
+
 def read_scalars(paths: list[Path], as_one_run: bool) -> dict[str, list[Any]]:
     """Every scalar of the event files, by tag: tensorboard's events (``wall_time``,
     ``step``, ``value``). A file may be plain or xz-compressed, as an archive keeps it
