@@ -21,11 +21,11 @@ the envs exploring at most that epsilon (Ape-X's and R2D2's near-greedy envs).
 from __future__ import annotations
 
 import argparse
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from suite import event_files, read_scalars
 
 
 @dataclass
@@ -79,18 +79,13 @@ def episode_columns(run_dir: Path
         table = np.loadtxt(run_dir, delimiter=",", skiprows=1, ndmin=2)
         return (table[:, 0].astype(np.int64), table[:, 1], table[:, 2],
                 table[:, 3] if table.shape[1] > 3 else None)
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # a resume's purge warns
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    tags = events.Tags().get("scalars", [])
-    if RETURN_TAG not in tags:
+    scalars = read_scalars(event_files(run_dir), as_one_run=True)
+    if RETURN_TAG not in scalars:
         return None
-    points = events.Scalars(RETURN_TAG)  # in the order written: frames never go back
+    points = scalars[RETURN_TAG]  # in the order written: frames never go back
     epsilons = None
-    if EPSILON_TAG in tags:
-        logged = [e.value for e in events.Scalars(EPSILON_TAG)][-len(points):]
+    if EPSILON_TAG in scalars:
+        logged = [e.value for e in scalars[EPSILON_TAG]][-len(points):]
         epsilons = np.full(len(points), np.nan)
         epsilons[len(points) - len(logged):] = logged
     order = np.argsort([p.step for p in points], kind="stable")
