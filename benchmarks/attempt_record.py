@@ -24,10 +24,12 @@ from curve import (
     episode_columns,
     episode_table,
     reach_record,
+    run_clock,
     write_csv,
 )
 from grid_plan import Run, run_overrides
 from suite import (
+    attempt_spans,
     event_files,
     final_return,
     finite_or_none,
@@ -65,35 +67,44 @@ def write_episodes(path: Path, episodes: Episodes, epsilons: np.ndarray | None =
     os.replace(tmp, path)
 
 
-def reach(episodes: Episodes | None, levels: list[float]) -> dict[str, Any] | None:
+def reach(episodes: Episodes | None, levels: list[float],
+          spans: list[tuple[float, float]] | None = None) -> dict[str, Any] | None:
     """For each level, the frames and run time at the first episode where the mean of the
-    last 20 reached it (``curve.py --reach``'s figures); None when no level is asked."""
+    last 20 reached it (``curve.py --reach``'s figures: the run time inside the attempts
+    ``spans``, (start, seconds) each, where they hold every episode, else the gap rule's,
+    as ``clock`` says); None when no level is asked."""
     if not levels:
         return None
     frames, returns, wall = episodes if episodes is not None else (
         np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    return {"window": WINDOW, "gap_s": GAP_S,
-            "levels": reach_record(frames, returns, wall, levels)}
+    clock, recorded = run_clock(wall, spans or [])
+    return {"window": WINDOW, "gap_s": GAP_S, "clock": "attempts" if recorded else "gaps",
+            "levels": reach_record(frames, returns, wall, levels, clock)}
 
 
 def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: int,
               status: str, wall: float, wall_total: float, text: str,
-              args: argparse.Namespace, episodes: Episodes | None = None) -> dict[str, Any]:
+              args: argparse.Namespace, episodes: Episodes | None = None,
+              earlier: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One attempt's record: identity, how it ended, frames, speed and returns. ``text`` is
     what the attempt printed (its evaluation line where there are no event files);
     ``wall_total`` counts the run's earlier attempts too; ``episodes`` (:func:`read_episodes`)
-    gives the reach figures of ``args.reach``."""
+    gives the reach figures of ``args.reach``, timed inside the attempts (``earlier``: the
+    run's earlier attempt lines, then this one)."""
     events = read_events(run.run_dir)
     returns = events.returns if events is not None else []
     frames = events.last_frame if events is not None else None
     evaluation = dict(events.evaluation) if events is not None else {}
     match = EVAL_LINE.findall(text)
     if not evaluation and match:  # no tensorboard (log.tensorboard=false): the console line
-        episodes, mean = match[-1]
-        evaluation = {"return_mean": float(mean), "episodes": int(episodes), "source": "stdout"}
+        count, mean = match[-1]
+        evaluation = {"return_mean": float(mean), "episodes": int(count), "source": "stdout"}
     final = final_return(events.returns) if events is not None else None
     width = max(args.frames // CURVE_INTERVALS, 1)
     wall_total_s = round(wall_total, 3)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - wall))
+    spans = [*([a.get("started"), a.get("wall_s")] for a in earlier or []),
+             [started, round(wall, 3)]]
     return {
         "run": run.name, "agent": run.agent, "game": run.game, "seed": run.seed,
         "suite": run.suite.name, "env": run.suite.env_name(run.game),
@@ -101,9 +112,8 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         "preset_sha": preset_fingerprint(run.agent, run.suite),
         "command": command, "run_dir": str(run.run_dir),
         "status": status, "exit_code": code, "attempt": attempt, "resumed": resumed,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S",
-                                 time.localtime(time.time() - wall)),
-        "wall_s": round(wall, 3), "wall_s_total": wall_total_s,
+        "started": started, "wall_s": round(wall, 3), "wall_s_total": wall_total_s,
+        "spans": spans,
         "jobs": args.jobs,  # this invocation's --jobs; report.py counts the runs that
         # were going at once from the spans, which another invocation's runs may join
         "frames_target": args.frames, "frames": frames,
@@ -119,7 +129,7 @@ def summarise(run: Run, command: list[str], attempt: int, resumed: bool, code: i
         "trailing_curve": trailing_curve(events.frames, events.returns, events.last_frame)
         if events is not None else None,
         "eval": evaluation or None,
-        "reach": reach(episodes, args.reach),
+        "reach": reach(episodes, args.reach, attempt_spans({"spans": spans}, [])[0]),
         "throughput": (run_throughput(run.run_dir)
                        if events is not None and events.has_throughput else None),
     }

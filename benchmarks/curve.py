@@ -10,12 +10,15 @@ a light one, over the episodes themselves as faint dots.
 
 ``--reach 0 18`` prints, for each level, the first episode at which the mean of the last
 20 episodes (the console's ``mean_return_20``, and ``stop_at_return``'s test) reaches it:
-its frames and the run time to it. The run time is the wall time since the first episode
-less every gap of more than 5 minutes between two episodes (a run stopped and resumed
-later). ``--csv`` writes every episode's frames, raw return and wall time (and epsilon,
-where the run logged ``episode/epsilon``), a file small enough to commit; ``curve.py``
-reads such a file in place of the run directory. ``--max-epsilon`` keeps the episodes of
-the envs exploring at most that epsilon (Ape-X's and R2D2's near-greedy envs).
+its frames and the run time to it. The run time is the time inside the run's attempts up
+to it, from the first attempt's start, where ``reproduce.py`` recorded every attempt (the
+summary.json or attempts.jsonl beside the events or the csv); else (a run started by hand)
+the wall time since the first episode less every gap of more than 5 minutes between two
+episodes (a run stopped and resumed later). ``--csv`` writes every episode's frames, raw
+return and wall time (and epsilon, where the run logged ``episode/epsilon``), a file small
+enough to commit; ``curve.py`` reads such a file in place of the run directory.
+``--max-epsilon`` keeps the episodes of the envs exploring at most that epsilon (Ape-X's
+and R2D2's near-greedy envs).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from suite import event_files, read_scalars
+from suite import event_files, read_scalars, spans_beside
 
 
 @dataclass
@@ -45,6 +48,8 @@ CSV_HEADER = "frames,return,wall_time"  # then ",epsilon" where the run logged i
 RETURN_TAG, EPSILON_TAG = "episode/return", "episode/epsilon"
 WINDOW = 20  # episodes in the trailing mean --reach tests (distrl.training.loop's mean_return_20)
 GAP_S = 300.0  # a longer pause between two episodes is a stopped run, not run time
+# an attempt's start is recorded to the whole second, its events' wall times to the ms
+SPAN_SLACK_S = 5.0
 
 
 Episodes = tuple[np.ndarray, np.ndarray, np.ndarray]  # frames, raw return, wall time
@@ -115,29 +120,58 @@ def at_most(epsilons: np.ndarray, max_epsilon: float) -> np.ndarray:
 
 
 def near_greedy(columns: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None],
-                max_epsilon: float, source: Path) -> tuple[Episodes, int]:
+                max_epsilon: float, source: Path, clock: np.ndarray | None = None
+                ) -> tuple[Episodes, int]:
     """The episodes played by envs with epsilon at most ``max_epsilon`` (their frames,
-    returns and run seconds on the run's clock, :func:`run_time` of every episode) and how
-    many of the run's episodes have no epsilon recorded (NaN: before the run logged it)."""
+    returns and run seconds on the run's clock, ``clock`` of every episode, else
+    :func:`run_time`'s) and how many of the run's episodes have no epsilon recorded (NaN:
+    before the run logged it)."""
     epsilons = columns[3]
     if epsilons is None:
         raise SystemExit(f"curve: {source} records no episode/epsilon: --max-epsilon needs a "
                          "run of an agent with an epsilon per env (Ape-X, R2D2, SEED-R2D2)")
-    kept = near_greedy_episodes(columns[:3], epsilons, max_epsilon)
+    kept = near_greedy_episodes(columns[:3], epsilons, max_epsilon, clock)
     if not len(kept[1]):
         raise SystemExit(f"curve: no episode of {source} was played at epsilon <= "
                          f"{max_epsilon:g}")
     return kept, int(np.isnan(epsilons).sum())
 
 
-def near_greedy_episodes(episodes: Episodes, epsilons: np.ndarray, max_epsilon: float
-                         ) -> Episodes:
+def near_greedy_episodes(episodes: Episodes, epsilons: np.ndarray, max_epsilon: float,
+                         clock: np.ndarray | None = None) -> Episodes:
     """The frames, returns and run seconds of the episodes played at epsilon at most
-    ``max_epsilon``, the seconds on the run's clock (:func:`run_time` of every episode:
-    these alone are sparser than its gaps)."""
+    ``max_epsilon``, the seconds on the run's clock: ``clock`` of every episode
+    (:func:`run_clock`'s), else :func:`run_time`'s of every episode (these alone are
+    sparser than its gaps)."""
     frames, returns, wall = episodes
     keep = at_most(epsilons, max_epsilon)
-    return frames[keep], returns[keep], run_time(wall)[keep]
+    return frames[keep], returns[keep], (run_time(wall) if clock is None else clock)[keep]
+
+
+def attempt_clock(wall: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray | None:
+    """Seconds of running up to each episode's end on the record of the run's attempts
+    (``spans``: the (start, seconds) of each, as ``reproduce.py`` keeps them): the time
+    inside the attempts from the first one's start, start-up and evaluation included, so a
+    pause between episodes inside an attempt counts and the time between attempts does
+    not. None where no attempt is recorded or an episode ended outside every recorded
+    attempt (by more than ``SPAN_SLACK_S``: an attempt started by hand)."""
+    if not spans or not len(wall):
+        return None
+    starts = np.array([start for start, _ in spans], dtype=np.float64)
+    seconds = np.array([length for _, length in spans], dtype=np.float64)
+    since = wall[:, None] - starts[None, :]
+    inside = (since >= -SPAN_SLACK_S) & (since <= seconds + SPAN_SLACK_S)
+    if not inside.any(axis=1).all():
+        return None
+    return np.clip(since, 0.0, seconds).sum(axis=1)
+
+
+def run_clock(wall: np.ndarray, spans: list[tuple[float, float]]
+              ) -> tuple[np.ndarray, bool]:
+    """Each episode's seconds of running and whether the attempts' record gave them
+    (:func:`attempt_clock`); where it cannot, :func:`run_time`'s gap rule."""
+    clock = attempt_clock(wall, spans)
+    return (run_time(wall), False) if clock is None else (clock, True)
 
 
 def run_time(wall: np.ndarray) -> np.ndarray:
@@ -151,7 +185,8 @@ def reached(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray, level: fl
             clock: np.ndarray | None = None) -> tuple[int, float] | None:
     """(frames, run seconds) at the first episode where the mean of the last ``WINDOW``
     episodes is at least ``level``; None if it never is. ``clock``: the episodes' run
-    seconds where they are some of a run's (:func:`near_greedy`), else ``run_time(wall)``."""
+    seconds (:func:`run_clock`'s, or some of them where the episodes are some of a run's,
+    :func:`near_greedy`), else ``run_time(wall)``."""
     at = first_reaching(returns, level)
     seconds = run_time(wall) if clock is None else clock
     return None if at is None else (int(frames[at]), float(seconds[at]))
@@ -166,12 +201,14 @@ def first_reaching(returns: np.ndarray, level: float) -> int | None:
 
 
 def reach_record(frames: np.ndarray, returns: np.ndarray, wall: np.ndarray,
-                 levels: list[float]) -> list[dict[str, float | int | None]]:
-    """:func:`reached` at each level as a run's summary.json keeps it: ``{"level",
-    "frames", "run_time_s"}``, the last two None where the level was not reached."""
+                 levels: list[float], clock: np.ndarray | None = None
+                 ) -> list[dict[str, float | int | None]]:
+    """:func:`reached` at each level (run seconds on ``clock``, else the gap rule) as a
+    run's summary.json keeps it: ``{"level", "frames", "run_time_s"}``, the last two None
+    where the level was not reached."""
     out: list[dict[str, float | int | None]] = []
     for level in levels:
-        hit = reached(frames, returns, wall, level)
+        hit = reached(frames, returns, wall, level, clock)
         out.append({"level": float(level), "frames": None if hit is None else hit[0],
                     "run_time_s": None if hit is None else hit[1]})
     return out
@@ -295,14 +332,19 @@ def main(argv: list[str] | None = None) -> None:
     if columns is None:
         raise SystemExit(f"no episode/return scalars in {args.run_dir}")
     frames, returns, wall = columns[:3]
-    clock = None  # run_time(wall), but for a subset of the run's episodes
+    clock, recorded = run_clock(wall, spans_beside(args.run_dir))
     if args.max_epsilon is not None:
         (frames, returns, clock), unknown = near_greedy(columns, args.max_epsilon,
-                                                         args.run_dir)
+                                                         args.run_dir, clock)
         print(f"episodes at epsilon <= {args.max_epsilon:g}: {len(returns)} "
               f"({unknown} of the run's episodes have no epsilon recorded)")
     binned = bin_returns(frames, returns, args.bins)
     print("\n".join(markdown(binned) + reach_lines(frames, returns, wall, args.reach, clock)))
+    if args.reach:
+        print("run time: " + ("inside the attempts reproduce.py recorded, from the first "
+                              "one's start" if recorded else
+                              f"since the first episode, less every gap over {GAP_S / 60:g} "
+                              "minutes between two (no record of every attempt beside it)"))
     if args.csv:  # every episode, whatever --max-epsilon kept
         write_csv(args.csv, *columns)
         print(f"episodes: {args.csv}")

@@ -27,7 +27,7 @@ from curve import (
     first_reaching,
     near_greedy_episodes,
     reach_record,
-    run_time,
+    run_clock,
     trailing_mean,
 )
 from grid_plan import Run, run_overrides
@@ -52,6 +52,7 @@ RUN_CMD = "python run.py"  # as the command column shows it
 # A replay agent's envs exploring at most this much: the near-greedy end of its ladder,
 # whose training return is the one to set beside an evaluation at epsilon 0.001.
 NEAR_GREEDY_EPSILON = 0.01
+GAP_MARK = "*"  # after a seed whose run time is the gap rule's: its attempts are not recorded
 FINAL_EPISODES = 100
 
 
@@ -66,18 +67,25 @@ class AtariRun:
     ale: list[dict] = field(default_factory=list)
     # each episode's epsilon where the run logged it (NaN before it did), else None
     epsilons: np.ndarray | None = None
+    # each episode's seconds of running (curve.run_clock's), and whether the record of the
+    # run's attempts gave them (else the gap rule: a run started by hand)
+    clock: np.ndarray | None = None
+    clock_recorded: bool = True
 
     @property
     def fps(self) -> float | None:
-        """Env frames per second of run time from the first episode to the last (gaps over
-        5 minutes left out, as in the reach times): one clock for every attempt, a run
-        started by hand included, whose wall time reproduce.py never recorded."""
-        if self.episodes is None or len(self.episodes[0]) < 2:
+        """Env frames per second of run time from the first episode to the last, on the
+        run's clock (the reach times')."""
+        if self.episodes is None or self.clock is None or len(self.episodes[0]) < 2:
             return None
-        episode_frames, _, wall = self.episodes
-        seconds = float(run_time(wall)[-1])
-        return (float(episode_frames[-1] - episode_frames[0]) / seconds if seconds > 0
+        seconds = float(self.clock[-1] - self.clock[0])
+        return (float(self.episodes[0][-1] - self.episodes[0][0]) / seconds if seconds > 0
                 else None)
+
+    @property
+    def seed_text(self) -> str:
+        """``s0``, ``s0*`` where the run's clock is the gap rule's."""
+        return f"s{self.result.seed}" + ("" if self.clock_recorded else GAP_MARK)
 
 
 def episodes_of(run_dir: Path) -> Episodes | None:
@@ -120,13 +128,17 @@ def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> Ata
     ale = ale_records(run_dir, summary)
     episodes, epsilons = episodes_and_epsilons(run_dir) if run_dir.is_dir() else (None, None)
     if episodes is not None:
-        return AtariRun(result, episodes, reach_record(*episodes, levels), ale, epsilons)
-    kept = ((summary.get("reach") or {}).get("levels", []) if isinstance(summary, dict)
-            else [])
+        clock, recorded = run_clock(episodes[2], result.spans)
+        return AtariRun(result, episodes, reach_record(*episodes, levels, clock), ale,
+                        epsilons, clock, recorded)
+    recorded = (summary.get("reach") or {}) if isinstance(summary, dict) else {}
+    kept = recorded.get("levels", [])
     by_level = {float(figure["level"]): figure for figure in kept}
     reach = [by_level.get(float(level), {"level": float(level), "frames": None,
                                          "run_time_s": None}) for level in levels]
-    return AtariRun(result, None, reach if kept else [], ale)
+    # a summary written before reach figures were timed inside the attempts has no "clock"
+    return AtariRun(result, None, reach if kept else [], ale,
+                    clock_recorded=not kept or recorded.get("clock") == "attempts")
 
 
 def atari_runs(suite: Suite, suite_dir: Path, levels: list[float]
@@ -168,7 +180,7 @@ def reach_text(run: AtariRun, index: int) -> str:
     """One seed's figure in a reach column: ``s0 6.1M frames, 1h40m``, or why there is
     none (not reached, unfinished, missing)."""
     result = run.result
-    name = f"s{result.seed}"
+    name = run.seed_text
     if result.status == "missing":
         return f"{name} missing"
     if not run.reach:
@@ -251,9 +263,13 @@ def markdown(sources: Sources, title: str, levels: list[float], spec: SuiteSpec 
         f"### Atari: {title}",
         "",
         f"Per seed, the first episode at which the mean raw return of the last {WINDOW} "
-        "episodes reaches each level: its env frames and the run time to it (wall time since "
-        f"the first episode, less every gap over {GAP_S / 60:g} minutes between two episodes, "
-        "when the run was stopped), as `benchmarks/curve.py --reach` finds them. Eval "
+        "episodes reaches each level: its env frames and the run time to it, as "
+        "`benchmarks/curve.py --reach` finds them. Run time: the time inside the run's "
+        "attempts up to it, from the first attempt's start, as `benchmarks/reproduce.py` "
+        "recorded each attempt's start and wall time; a seed marked "
+        f"{GAP_MARK} was started by hand, so no record holds its attempts, and its run time "
+        f"is the wall time since its first episode less every gap over {GAP_S / 60:g} "
+        "minutes between two episodes (when the run was stopped). Eval "
         "return: `eval/return_mean` of the final policy; the mean is over the finished seeds. "
         "Frames/s: env frames per second of run time from the first episode to the last, "
         "median over the seeds with episodes. ale-py alone: frames/s of ale-py's vector env "
@@ -298,7 +314,7 @@ def near_greedy_lines(sources: Sources, levels: list[float]) -> list[str]:
             if run.episodes is None or run.epsilons is None:
                 continue
             kept_frames, returns, clock = near_greedy_episodes(run.episodes, run.epsilons,
-                                                               NEAR_GREEDY_EPSILON)
+                                                               NEAR_GREEDY_EPSILON, run.clock)
             if not len(returns):
                 continue
             texts = []
@@ -307,7 +323,7 @@ def near_greedy_lines(sources: Sources, levels: list[float]) -> list[str]:
                 texts.append("not reached" if at is None else
                              f"{frames(int(kept_frames[at]))}, {duration(float(clock[at]))}")
             unknown = int(np.isnan(run.epsilons).sum())
-            rows.append(f"| {game} | {agent} | s{run.result.seed} | {len(returns)} from "
+            rows.append(f"| {game} | {agent} | {run.seed_text} | {len(returns)} from "
                         f"{frames(int(kept_frames[0]))} ({unknown} without an epsilon) | "
                         f"{returns[-FINAL_EPISODES:].mean():.2f} | {' | '.join(texts)} |")
     if not rows:

@@ -53,15 +53,15 @@ A record holds the run's throughput diagnosis (``throughput``: which side bounde
 what to change, as ``python -m distrl.diagnose`` prints it), read from its events, and its
 ``reach``: for each level of ``--reach`` (default 0 and 18 for atari, none for minatar), the
 frames and run time at the first episode where the mean of the last 20 episodes reached it,
-as ``curve.py --reach`` finds them (run time: wall time since the first episode less every
-gap over 5 minutes), or None where it never did. An Atari run also keeps every episode's
-frames, raw return and wall time in ``episodes.csv`` beside its ``summary.json`` (``curve.py
---csv``'s file; a few thousand episodes on Pong), and, for each attempt, ale-py's frames/s
-alone on the machine it ran on (``ale_alone``: timed by ``ale_speed.py`` for
-``--ale-seconds`` on each game before the invocation's first run starts, with the cores
-other processes kept busy meanwhile, ``busy_elsewhere``; above 0.25 the line says the
-figure was not alone, and the report leaves it out). The exit code
-is 1 when a run failed, and the last line lists the failed runs.
+as ``curve.py --reach`` finds them (run time: the time inside the run's recorded attempts,
+``spans``, from the first one's start), or None where it never did. An Atari run also keeps
+every episode's frames, raw return and wall time in ``episodes.csv`` beside its
+``summary.json`` (``curve.py --csv``'s file; a few thousand episodes on Pong), and, for
+each attempt, ale-py's frames/s alone on the machine it ran on (``ale_alone``: timed by
+``ale_speed.py`` for ``--ale-seconds`` on each game before the invocation's first run
+starts, with the cores other processes kept busy meanwhile, ``busy_elsewhere``; above 0.25
+the line says the figure was not alone, and the report leaves it out). The exit code is 1
+when a run failed, and the last line lists the failed runs.
 
 ``--archive DIR`` (the MinAtar suite of docs/results.md uses ``results/minatar/suite``, which is
 committed)
@@ -372,9 +372,7 @@ class Grid:
         episodes, epsilons = (read_episodes_and_epsilons(run.run_dir)
                               if self.args.reach or run.suite.keeps_episodes else (None, None))
         record = summarise(run, child.command, child.attempt, child.resumed, code, status,
-                           wall, wall_total, text, self.args, episodes)
-        record["spans"] = [*([a.get("started"), a.get("wall_s")] for a in previous),
-                           [record["started"], record["wall_s"]]]
+                           wall, wall_total, text, self.args, episodes, previous)
         # attempts started without reproduce.py (by hand): their wall time is in no record,
         # so wall_s_total and fps leave them out
         record["unrecorded_attempts"] = child.attempt - 1 - len(previous)

@@ -11,6 +11,7 @@ curve (tensorboard drops the events a resume purged).
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
@@ -271,6 +272,38 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def attempt_spans(summary: dict, attempts: list[dict]) -> tuple[list[tuple[float, float]],
+                                                                 float]:
+    """When a run's attempts ran, as (start, seconds), and the seconds of attempts whose
+    start is not known: from the summary's ``spans``, else the run directory's attempts,
+    else (an archive made before the spans) the last attempt's start and the rest
+    unplaced."""
+    def span(started: str | None, wall: float | None) -> tuple[float, float] | None:
+        if not started or not wall:
+            return None
+        return datetime.datetime.fromisoformat(started).timestamp(), float(wall)
+
+    records = summary.get("spans") or [[a.get("started"), a.get("wall_s")] for a in attempts]
+    if not records and summary.get("wall_s"):
+        records = [[summary.get("started"), summary["wall_s"]]]
+    spans = [sp for sp in (span(*r) for r in records) if sp is not None]
+    placed = sum(wall for _, wall in spans)
+    total = summary.get("wall_s_total") or sum(r[1] or 0.0 for r in records)
+    return spans, max(total - placed, 0.0)
+
+
+def spans_beside(path: Path) -> list[tuple[float, float]]:
+    """The recorded (start, seconds) of the attempts of the run whose episodes ``path``
+    holds (a run directory, or an ``episodes.csv`` in one, an archive's or a carry's): its
+    summary.json's spans, else its attempts file's; [] where neither is there."""
+    directory = path.parent if path.is_file() else path
+    summary = read_json(directory / SUMMARY)
+    summary = summary if isinstance(summary, dict) else {}
+    attempts = [] if "spans" in summary else (
+        read_attempts(directory) or read_attempts(directory / CARRY))
+    return attempt_spans(summary, attempts)[0]
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ final return, learning curve and wall time, for ``benchmarks/report.py``'s table
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from suite import (
     LOST,
     RULED_OUT,
     SUMMARY,
+    attempt_spans,
     final_return,
     games_by_agent,
     has_checkpoint,
@@ -158,26 +158,6 @@ def learner_on_gpu(command: list[str]) -> bool:
     """Whether a ``run.py`` command line put its learner on a GPU (``agent.device=cuda``,
     ``cuda:N``)."""
     return any(arg.startswith("agent.device=cuda") for arg in command)
-
-
-def attempt_spans(summary: dict, attempts: list[dict]) -> tuple[list[tuple[float, float]],
-                                                                 float]:
-    """When a run's attempts ran, as (start, seconds), and the seconds of attempts whose
-    start is not known: from the summary's ``spans``, else the run directory's attempts,
-    else (an archive made before the spans) the last attempt's start and the rest
-    unplaced."""
-    def span(started: str | None, wall: float | None) -> tuple[float, float] | None:
-        if not started or not wall:
-            return None
-        return datetime.datetime.fromisoformat(started).timestamp(), float(wall)
-
-    records = summary.get("spans") or [[a.get("started"), a.get("wall_s")] for a in attempts]
-    if not records and summary.get("wall_s"):
-        records = [[summary.get("started"), summary["wall_s"]]]
-    spans = [sp for sp in (span(*r) for r in records) if sp is not None]
-    placed = sum(wall for _, wall in spans)
-    total = summary.get("wall_s_total") or sum(r[1] or 0.0 for r in records)
-    return spans, max(total - placed, 0.0)
 
 
 def busy_seconds(spans: list[tuple[float, float]]) -> float:

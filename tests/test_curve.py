@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,11 +76,60 @@ def test_reach_is_the_first_20_episode_mean_at_the_level_and_skips_long_gaps(tmp
     curve.write_csv(csv, frames, np.arange(40.0), wall)
     curve.main([str(csv), "--bins", "2", "--reach", "10", "25", "50"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[5:8] == [
+    assert lines[5:9] == [
         "reach 10: 2,100 frames, 20m00s of run time (20-episode mean)",
         "reach 25: 3,600 frames, 34m00s of run time (20-episode mean)",  # 35 steps, 1 a gap
-        "reach 50: not reached (best 20-episode mean 29.50 by 4,000 frames)"]
+        "reach 50: not reached (best 20-episode mean 29.50 by 4,000 frames)",
+        "run time: since the first episode, less every gap over 5 minutes between two (no "
+        "record of every attempt beside it)"]
     assert (tmp_path / "run.png").is_file()
+
+
+def test_the_attempts_record_times_the_run_from_its_start_and_only_inside_its_attempts():
+    # Two attempts: 1,000 s from t=10,000 and 500 s from t=20,000. Episodes end 100 s into
+    # the first (start-up counted), 8 minutes later (a pause inside an attempt, which the
+    # gap rule would drop), 3 s after the first attempt's recorded end (its start is kept
+    # to the whole second), then 50 s and 400 s into the second.
+    spans = [(10_000.0, 1_000.0), (20_000.0, 500.0)]
+    wall = np.array([10_100.0, 10_580.0, 11_003.0, 20_050.0, 20_400.0])
+    np.testing.assert_allclose(curve.attempt_clock(wall, spans),
+                               [100.0, 580.0, 1_000.0, 1_050.0, 1_400.0])
+    clock, recorded = curve.run_clock(wall, spans)
+    assert recorded
+    # the gap rule counts none of it: every step between these episodes is over 5 minutes
+    np.testing.assert_allclose(curve.run_time(wall), np.zeros(5))
+    # an episode in no recorded attempt (one started by hand): the gap rule, and said so
+    outside = np.append(wall, 30_000.0)
+    assert curve.attempt_clock(outside, spans) is None
+    clock, recorded = curve.run_clock(outside, spans)
+    assert not recorded
+    np.testing.assert_allclose(clock, curve.run_time(outside))
+    assert curve.run_clock(wall, [])[1] is False
+
+
+def test_reach_from_an_archive_is_timed_on_the_attempts_recorded_beside_it(tmp_path, capsys):
+    # the 40 episodes of the gap test above, one a minute with a 2-hour stop after the 30th,
+    # in an archived run whose summary.json records the two attempts: the first from 100 s
+    # before the first episode to the 30th, the second from 60 s before the 31st
+    import json
+
+    frames = np.arange(1, 41) * 100
+    wall = 1.8e9 + np.arange(40) * 60.0 + np.where(np.arange(40) >= 30, 7200.0, 0.0)
+    run = tmp_path / "appo-Pong-s0"
+    run.mkdir()
+    curve.write_csv(run / "episodes.csv", frames, np.arange(40.0), wall)
+    stamp = [time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+             for t in (wall[0] - 100.0, wall[30] - 60.0)]
+    (run / "summary.json").write_text(json.dumps({"spans": [[stamp[0], 100.0 + 29 * 60.0],
+                                                            [stamp[1], 600.0]]}))
+    curve.main([str(run / "episodes.csv"), "--bins", "2", "--reach", "10", "25"])
+    lines = capsys.readouterr().out.splitlines()
+    # 10 at episode 21: 100 s + 20 minutes; 25 at episode 36: the first attempt's 1,840 s,
+    # then 60 s + 5 minutes of the second
+    assert lines[5:8] == [
+        "reach 10: 2,100 frames, 21m40s of run time (20-episode mean)",
+        "reach 25: 3,600 frames, 36m40s of run time (20-episode mean)",
+        "run time: inside the attempts reproduce.py recorded, from the first one's start"]
 
 
 def test_reach_times_are_whole_minutes_as_the_atari_report_writes_them(tmp_path, capsys):

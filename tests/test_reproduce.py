@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import attempt_record  # noqa: E402
 import curve  # noqa: E402
+import grid_plan  # noqa: E402
 import report  # noqa: E402
 import report_atari  # noqa: E402
 import report_cells  # noqa: E402
@@ -1030,11 +1031,35 @@ def test_reach_figures_of_an_episode_list_leave_out_a_gap_over_five_minutes():
     # 18: only an all-(+20) window, episodes 10-29, reaches it: at episode 29, after
     #    27 steps of 30 s, the 240 s one, and not the hour.
     record = attempt_record.reach(hand_built_episodes(), [0.0, 18.0, 20.5])
-    assert record == {"window": 20, "gap_s": 300.0, "levels": [
+    assert record == {"window": 20, "gap_s": 300.0, "clock": "gaps", "levels": [
         {"level": 0.0, "frames": 21_000, "run_time_s": 600.0},
         {"level": 18.0, "frames": 30_000, "run_time_s": 1050.0},
         {"level": 20.5, "frames": None, "run_time_s": None}]}
     assert attempt_record.reach(hand_built_episodes(), []) is None
+
+
+def test_a_run_without_tensorboard_records_its_console_evaluation_and_its_reach(tmp_path):
+    """log.tensorboard=false: the evaluation is read from the console line, and the
+    reach figures still come from the episodes given (which the line's episode count must
+    not take the place of), timed inside this attempt and the earlier one."""
+    run = grid_plan.Run("appo", "Pong", 0, tmp_path / "appo-Pong-s0", suite.ATARI)
+    run.run_dir.mkdir()
+    args = argparse.Namespace(frames=20_000_000, set=[], reach=[0.0], jobs=1)
+    earlier = [{"started": "2026-11-26T09:00:00", "wall_s": 5.0}]
+    text = "[distrl] eval: 10 episodes at epsilon 0.001: return mean 12.5\n"
+    frames, returns, wall = hand_built_episodes()
+    first = time.time() - 10_000.0  # the first episode's end, 10,000 s ago
+    episodes = (frames, returns, first + wall - wall[0])
+    record = attempt_record.summarise(run, ["run.py"], 2, True, 0, "finished",
+                                      time.time() - first + 60.0, 100.0, text, args,
+                                      episodes, earlier)
+    assert record["eval"] == {"return_mean": 12.5, "episodes": 10, "source": "stdout"}
+    assert record["spans"][0] == ["2026-11-26T09:00:00", 5.0]
+    # the episodes' wall times lie 60 s after this attempt's start and far after the
+    # earlier one: 5 s of it, then 60 s and episode 20's 20 steps of 30 s
+    assert record["reach"]["clock"] == "attempts"
+    assert record["reach"]["levels"][0]["frames"] == 21_000
+    assert record["reach"]["levels"][0]["run_time_s"] == pytest.approx(665.0, abs=1.5)
 
 
 def test_an_atari_grid_records_the_reach_and_archives_every_episode(tmp_path, monkeypatch,
@@ -1064,8 +1089,13 @@ def test_an_atari_grid_records_the_reach_and_archives_every_episode(tmp_path, mo
         np.testing.assert_allclose(returns[:2], seed + 0.05)
         # the archive alone gives the recorded figures (its wall times kept to the ms): 0 at
         # the 20th episode, 18 never
+        # timed inside the attempt its summary records (start-up included), as the report
+        # times it from the archive
+        assert summary["reach"]["clock"] == "attempts"
         recorded = summary["reach"]["levels"]
-        again = curve.reach_record(frames, returns, wall, [0.0, 18.0])
+        clock, from_attempts = curve.run_clock(wall, suite.spans_beside(kept))
+        assert from_attempts and clock[0] >= 0.0
+        again = curve.reach_record(frames, returns, wall, [0.0, 18.0], clock)
         assert [level["frames"] for level in recorded] == [499, None]
         assert [level["frames"] for level in again] == [499, None]
         assert recorded[0]["run_time_s"] == pytest.approx(again[0]["run_time_s"], abs=2e-3)
@@ -1082,8 +1112,10 @@ def test_an_atari_grid_records_the_reach_and_archives_every_episode(tmp_path, mo
 
 def write_atari_run(archive: Path, agent: str, seed: int, status: str,
                     episodes: tuple[np.ndarray, np.ndarray, np.ndarray],
-                    eval_return: float | None = None, exit_code: int = 0) -> Path:
-    """An archived Atari run as reproduce.py keeps it: summary.json and episodes.csv."""
+                    eval_return: float | None = None, exit_code: int = 0,
+                    spans: list[list] | None = None) -> Path:
+    """An archived Atari run as reproduce.py keeps it: summary.json (with the attempts'
+    ``spans`` where given, else as a run started by hand has it) and episodes.csv."""
     run_dir = archive / suite.run_name(agent, "Pong", seed)
     run_dir.mkdir(parents=True)
     frames, returns, wall = episodes
@@ -1091,7 +1123,8 @@ def write_atari_run(archive: Path, agent: str, seed: int, status: str,
         "agent": agent, "game": "Pong", "seed": seed, "status": status,
         "exit_code": exit_code, "frames": int(frames[-1]), "episodes": len(frames),
         "final_return_100": float(returns[-100:].mean()),
-        "eval": None if eval_return is None else {"return_mean": eval_return}}))
+        "eval": None if eval_return is None else {"return_mean": eval_return},
+        **({} if spans is None else {"spans": spans})}))
     curve.write_csv(run_dir / suite.EPISODES, frames, returns, wall)
     return run_dir
 
@@ -1127,13 +1160,14 @@ def test_a_replay_agents_near_greedy_envs_get_their_own_reach_on_the_runs_clock(
     report.main([str(archive)])
     table = capsys.readouterr().out
     near_greedy = [cells for cells in ([c.strip() for c in line.strip("|").split("|")]
-                                       for line in table.splitlines()) if cells[2:3] == ["s0"]]
+                                       for line in table.splitlines()) if cells[2:3] == ["s0*"]]
+    # s0*: no record of its attempts, so its clock is the gap rule's
     assert near_greedy == [[
-        "Pong", "apex", "s0", "30 from 2.2M frames (20 without an epsilon)", "6.33",
+        "Pong", "apex", "s0*", "30 from 2.2M frames (20 without an epsilon)", "6.33",
         "6.2M frames, 3h23m", "8.0M frames, 4h23m"]]
     # the main table's reach counts the whole ladder: 0 at i = 55 (10 x -10, 2 x -21 and
     # 8 x 20 from i = 36: +18), 5.6M frames and 55 x 200 s = 3h03m; +18 never
-    assert row_of(table, "Pong", "apex")[4:6] == ["s0 5.6M frames, 3h03m", "s0 not reached"]
+    assert row_of(table, "Pong", "apex")[4:6] == ["s0* 5.6M frames, 3h03m", "s0* not reached"]
 
 
 def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path, capsys):
@@ -1163,18 +1197,19 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
     # frames/s: 19.5M frames over 38 x 240 s (s0), 39 x 240 s (s1) and 39 x 288 s (s2):
     # 2,138, 2,083 and 1,736, whose median is 2,083 (their mean: 1,986); s2 reaches 0 at
     # 30 x 288 s = 2h24m and +18 at 39 x 288 s = 3h07m; the evaluation mean (20.3 + 19.7 +
-    # 19.0) / 3 = 19.7
+    # 19.0) / 3 = 19.7. No summary records the attempts (runs started by hand): every seed
+    # is timed by the gap rule, and marked so.
     assert row_of(table, "Pong", "appo") == [
         "Pong", "appo", "atari_short_appo", "3/3",
-        "s0 15.5M frames, 2h00m; s1 16.0M frames, 2h04m; s2 15.5M frames, 2h24m",
-        "s0 20.0M frames, 2h32m; s1 not reached; s2 20.0M frames, 3h07m",
+        "s0* 15.5M frames, 2h00m; s1* 16.0M frames, 2h04m; s2* 15.5M frames, 2h24m",
+        "s0* 20.0M frames, 2h32m; s1* not reached; s2* 20.0M frames, 3h07m",
         "s0 20.3, s1 19.7, s2 19.0", "19.7 (3 seeds)", "2,083",
         "s0 not timed; s1 not timed; s2 not timed",
         "`python run.py +experiment=atari_short_appo env.id=Pong seed=<s> "
         "total_frames=20000000 stop_at_return=19`"]
     assert row_of(table, "Pong", "impala")[3:9] == [
-        "0/3", "s0 not reached (failed at 8.0M frames); s1 missing; s2 missing",
-        "s0 not reached (failed at 8.0M frames); s1 missing; s2 missing",
+        "0/3", "s0* not reached (failed at 8.0M frames); s1 missing; s2 missing",
+        "s0* not reached (failed at 8.0M frames); s1 missing; s2 missing",
         "s0 -21.0, s1 —, s2 —", "—", "2,083"]  # 7.5M frames over 15 x 240 s
     assert table.splitlines()[0] == "### Atari: atari_runs"
     # the README's markers take the table; a README without them is refused, untouched
@@ -1198,6 +1233,40 @@ def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path,
     assert readme.read_text() == f"# distrl\n\n{report_atari.BEGIN}\nold\n{report_atari.END}\n"
     with pytest.raises(SystemExit, match="holds the atari suite's grid"):
         report.main([str(archive), "--suite", "minatar"])
+
+
+def test_the_pong_table_times_a_recorded_run_inside_its_attempts(tmp_path, capsys):
+    """A run slowed until its games end in clusters more than 5 minutes apart: the gap
+    rule would count none of that time as running; the attempts reproduce.py recorded
+    time it, start-up included and the stop between two attempts left out."""
+    archive = tmp_path / "atari_runs"
+    archive.mkdir()
+    (archive / suite.GRID).write_text(json.dumps({
+        "suite": "atari", "agents": ["appo"], "games": ["Pong"], "seeds": [0, 1],
+        "games_by_agent": {"appo": ["Pong"]}, "frames": 20_000_000, "overrides": []}))
+    # s0: 40 episodes 7 minutes apart, the first 60 s into its first attempt; a 2-hour
+    # stop before episode 35, where its second attempt starts 60 s before that episode.
+    frames, returns, wall = pong_episodes(20.0)
+    wall = 1.8e9 + 420.0 * np.arange(40)
+    wall[35:] += 7200.0
+
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+    spans = [[stamp(wall[0] - 60.0), 60.0 + 34 * 420.0 + 30.0],
+             [stamp(wall[35] - 60.0), 60.0 + 4 * 420.0 + 30.0]]
+    write_atari_run(archive, "appo", 0, "finished", (frames, returns, wall), 20.0, spans=spans)
+    # s1: pong_episodes' 4 minutes apart, no record of its attempts: the gap rule, marked
+    write_atari_run(archive, "appo", 1, "finished", pong_episodes(20.0), 20.0)
+    report.main([str(archive)])
+    row = row_of(capsys.readouterr().out, "Pong", "appo")
+    # s0 reaches 0 at episode 30: 60 + 30 x 420 s = 3h31m; +18 at episode 39: the first
+    # attempt's 60 + 34 x 420 + 30 s, then 60 + 4 x 420 s of the second, 16,110 s = 4h28m.
+    # s1: 30 and 39 x 240 s. Frames/s: s0 19.5M frames over 16,110 - 60 s, 1,215; s1 19.5M
+    # over 39 x 240 s, 2,083; their median 1,649.
+    assert row[4:6] == ["s0 15.5M frames, 3h31m; s1* 15.5M frames, 2h00m",
+                        "s0 20.0M frames, 4h28m; s1* 20.0M frames, 2h36m"]
+    assert row[8] == "1,649"
 
 
 def test_a_lost_run_is_never_run_again_and_the_table_shows_how_far_it_got(tmp_path, capsys):
@@ -1225,8 +1294,9 @@ def test_a_lost_run_is_never_run_again_and_the_table_shows_how_far_it_got(tmp_pa
     assert not (out / "appo-Pong-s1" / "invocations.jsonl").exists()
     report.main([str(archive)])
     row = row_of(capsys.readouterr().out, "Pong", "appo")
-    assert row[3:7] == ["0/1", "s1 9.8M frames, 2h02m", "s1 not reached (lost at 14.4M frames)",
-                        "s1 —"]
+    # its summary's reach figures predate the attempts' clock: the gap rule's, marked so
+    assert row[3:7] == ["0/1", "s1* 9.8M frames, 2h02m",
+                        "s1* not reached (lost at 14.4M frames)", "s1 —"]
 
 
 def test_one_pong_table_pools_each_agents_seeds_over_several_archives(tmp_path, capsys):
