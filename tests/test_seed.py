@@ -18,7 +18,14 @@ from learning import learning_seed, report
 from presets import compose_preset, compose_run
 
 from agents import impala, r2d2, seed
-from distrl.acting.actor import Actor, ActorStats, EnvGroup, PolicyOutput, UnrollSink
+from distrl.acting.actor import (
+    Actor,
+    ActorStats,
+    EnvGroup,
+    PolicyOutput,
+    TransitionSink,
+    UnrollSink,
+)
 from distrl.acting.env_workers import Channels, EnvWorkers, LocalChannels, worker_seeds
 from distrl.acting.inference import InferenceServer, InferenceWeights, ServerThread
 from distrl.config import (
@@ -31,6 +38,7 @@ from distrl.config import (
     RunConfig,
 )
 from distrl.envs import env_seed, make_envs
+from distrl.replay.writers import NStepWriter
 from distrl.transport.queues import FieldSpec, SlotPool
 
 A = seed_envs.NUM_ACTIONS
@@ -301,6 +309,41 @@ def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
         indices, _ = pool.take(pool.full_count())
     for i in indices:
         _assert_unroll_consistent(pool.gather([i]))
+
+
+def test_a_replay_agents_hung_worker_is_restarted_and_no_transition_spans_two_generations():
+    """SEED-R2D2's and SEED-Ape-X's channels write through a TransitionSink: a hung worker
+    is replaced, its envs' episodes end where their last answered step left them, and
+    every transition joins two steps of one env of one generation."""
+    ctx = mp.get_context("spawn")
+    envs = 2
+    batches = []
+    channels = Channels(ctx, 1, envs, (2,), torch.float32)
+    with EnvWorkers(ctx, 1, 1, _env("DistrlHang-v0"), 1, 0, channels,
+                    max_restarts=3) as workers:
+        writer = NStepWriter(envs, n=1, discount=0.5, frame_stack=None)
+        groups = [EnvGroup(None, TransitionSink(writer, 1, batches.append))]
+        server = InferenceServer(channels, groups, EchoPolicy(), InferenceWeights(
+            torch.nn.Linear(1, 1)), ActorStats(), max_batch=10**6, batch_timeout_s=0.0,
+            workers=workers, worker_timeout_s=1.5)
+        _serve_until(server, lambda: server.inference.restarts == 1)
+        new_seed = worker_seeds(0, 0, 1, envs, 1)[0]
+        new_ids = {float(new_seed % 1000), float((new_seed + 1) % 1000)}
+
+        def new_generation_wrote() -> bool:
+            return any(new_ids & set(b.frames[:, 0].tolist()) for b in batches)
+
+        _serve_until(server, new_generation_wrote)
+    old_ids = set(batches[0].frames[:, 0].tolist())
+    assert old_ids and not old_ids & new_ids
+    for batch in batches:
+        now = batch.frames[batch.observation_frames[:, 0]]
+        after = batch.frames[batch.next_observation_frames[:, 0]]
+        assert torch.equal(after[:, 0], now[:, 0])  # the same env
+        going = batch.discounts > 0  # an ended episode's next observation is not used
+        assert torch.equal(after[going, 1], now[going, 1] + 1)  # its next step
+        assert torch.equal(batch.returns, batch.actions.float() + 1)
+        assert set(batch.discounts.tolist()) <= {0.0, 0.5}
 
 
 # ---------------------------------------------------------------- the agent

@@ -61,6 +61,10 @@ class Sink(Protocol):
 
     def observe(self, step: EnvStep, core_state: tuple[torch.Tensor, ...]) -> None: ...
 
+    def abort(self) -> None:
+        """The envs are gone mid-episode (their worker died); the next call is ``begin``."""
+        ...
+
 
 def reset_core_state(
     core_state: tuple[torch.Tensor, ...], dones: np.ndarray
@@ -266,6 +270,13 @@ class TransitionSink:
         self.steps += 1
         if self.steps % self.flush_steps == 0:
             self.flush()
+
+    def abort(self) -> None:
+        """The group's envs are gone (SEED: their worker died or hung). Nothing is half
+        written here: every step the writer holds was observed, and the :meth:`begin` of
+        the envs that replace them ends each env's episode as a truncation first (an
+        n-step window short of n dropped, an open sequence emitted padded), so no
+        transition joins the two generations."""
 
     def flush(self) -> None:
         """Emit every transition completed so far (steps still short of n stay pending)."""
