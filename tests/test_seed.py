@@ -293,22 +293,63 @@ def test_a_killed_worker_is_restarted_and_no_corrupt_unroll_reaches_the_learner(
     assert pool.free_count() + taken + 2 == pool.num_slots
 
 
-def test_a_hung_worker_is_detected_by_its_timeout_and_restarted():
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_hung_worker_is_detected_by_its_timeout_and_restarted(groups):
     ctx = mp.get_context("spawn")
     envs = 2
     pool = SlotPool(_specs(envs, [(envs, 1)]), 10_000)
-    channels = Channels(ctx, 1, envs, (2,), torch.float32)
-    with EnvWorkers(ctx, 1, 1, _env("DistrlHang-v0"), 1, 0, channels,
+    channels = Channels(ctx, groups, envs, (2,), torch.float32)
+    with EnvWorkers(ctx, 1, groups, _env("DistrlHang-v0"), 1, 0, channels,
                     max_restarts=3) as workers:
         server = _server(channels, pool, EchoPolicy(), torch.nn.Linear(1, 1), ActorStats(),
                          workers=workers, worker_timeout_s=1.5)
         _serve_until(server, lambda: server.inference.restarts == 1)
-        # Generation 0 hung on its 5th step: the one unroll it had open was dropped.
-        assert server.inference.dropped_unrolls == 1 and pool.full_count() == 0
+        # Generation 0 hung on its 5th step: the unroll each group had open was dropped.
+        assert server.inference.dropped_unrolls == groups and pool.full_count() == 0
         _serve_until(server, lambda: pool.full_count() >= 5)  # generation 1 does not hang
         indices, _ = pool.take(pool.full_count())
     for i in indices:
         _assert_unroll_consistent(pool.gather([i]))
+
+
+def test_a_server_waiting_on_its_learner_does_not_count_against_a_worker():
+    """A worker steps its two groups once both have their actions. When the server,
+    between answering the first and the second, waits on a full queue to the learner
+    for longer than ``worker_timeout_s`` (SEED-R2D2's Pong run did: the learner takes
+    batches only when its replay ratio lets it), the worker owes nothing yet: the wait is
+    the server's, and the worker is not restarted."""
+    ctx = mp.get_context("spawn")
+    envs, timeout_s = 2, 1.0
+    written: list[list] = [[], []]
+    slow = threading.Event()
+
+    def emit_slowly_once(batch) -> None:  # channel 1's first flush
+        if not slow.is_set():
+            slow.set()
+            time.sleep(2 * timeout_s)
+        written[1].append(batch)
+
+    channels = Channels(ctx, 2, envs, (2,), torch.float32)
+    with EnvWorkers(ctx, 1, 2, _env("DistrlCounter-v0"), 1, 0, channels,
+                    max_restarts=3) as workers:
+        groups = [EnvGroup(None, TransitionSink(NStepWriter(envs, n=1, discount=0.5,
+                                                            frame_stack=None), 1, emit))
+                  for emit in (written[0].append, emit_slowly_once)]
+        # One channel per call (max_batch = one channel's envs): channel 0 is answered a
+        # call before channel 1, the worker waiting for both.
+        server = InferenceServer(channels, groups, EchoPolicy(), InferenceWeights(
+            torch.nn.Linear(1, 1)), ActorStats(), max_batch=envs, batch_timeout_s=0.0,
+            workers=workers, worker_timeout_s=timeout_s)
+        waited_since_channel_0 = []
+        while len(written[1]) < 5:
+            served = server.step(wait_s=0.05)
+            if slow.is_set() and not waited_since_channel_0:
+                # What the worker-only clock read once the server's wait was over.
+                waited_since_channel_0.append(time.monotonic() - server.answered_at[0])
+            assert server.check_workers() == [], f"restarted after {served} envs served"
+        assert waited_since_channel_0[0] > timeout_s  # channel 0 alone looked silent
+        assert server.inference.restarts == 0 and workers.generations == [0]
+        assert len(written[0]) >= 4
 
 
 def test_a_replay_agents_hung_worker_is_restarted_and_no_transition_spans_two_generations():

@@ -11,9 +11,9 @@ without an env: its steps arrive through :class:`~distrl.acting.env_workers.Chan
 its sink builds unrolls exactly as an IMPALA actor's would.
 
 Failure handling: a worker whose process exited, or that has not answered within
-``worker_timeout_s`` of being sent actions, is restarted; the unrolls its channels
-were writing are dropped (their slots go back uncommitted), so the learner never
-sees a half-written unroll.
+``worker_timeout_s`` of being sent the last of its channels' actions, is restarted;
+the unrolls its channels were writing are dropped (their slots go back uncommitted), so
+the learner never sees a half-written unroll.
 """
 
 from __future__ import annotations
@@ -245,16 +245,22 @@ class InferenceServer:
         now = time.monotonic()
         dead = set(self.workers.dead())
         failed = set(dead)
-        for channel in range(len(self.groups)):
-            worker = self.workers.worker_of(channel)
-            waiting = int(self.channels.ready[channel]) == 0
-            if not self.open[channel]:
-                silent = now - self.workers.started_at[worker] > self.start_timeout_s
-            else:
-                silent = now - max(self.answered_at[channel],
-                                   self.workers.started_at[worker]) > self.worker_timeout_s
-            if waiting and silent:
-                failed.add(worker)
+        for worker in range(self.workers.count):
+            mine = self.workers.channels_of(worker)
+            if any(int(self.channels.ready[channel]) for channel in mine):
+                continue  # a request of its waits here: the server's turn, not the worker's
+            # A worker steps its groups only once every one of them has its actions, so it
+            # owes an answer from the last of them on: a server that waited (a full queue
+            # to the learner) between answering two of its channels has not lost it time.
+            last_answer = max(self.answered_at[channel] for channel in mine)
+            for channel in mine:
+                if not self.open[channel]:
+                    silent = now - self.workers.started_at[worker] > self.start_timeout_s
+                else:
+                    silent = now - max(last_answer, self.workers.started_at[worker]) \
+                        > self.worker_timeout_s
+                if silent:
+                    failed.add(worker)
         for worker in sorted(failed):
             cause = (self.workers.exit_cause(worker) if worker in dead
                      else f"was silent for more than {self.worker_timeout_s:g} s")
