@@ -385,7 +385,8 @@ def suite_name(path: Path, asked: str | None) -> str:
 def atari_main(args: argparse.Namespace, sources: list[tuple[Suite, Path]]) -> None:
     """An Atari suite's tables (and README blocks, PNG) from one or more directories: Pong's
     reach table (:mod:`report_atari`) when one has Pong, the human-normalised score table
-    (:mod:`report_atari5`) of each that has an Atari-5 game; each between its own markers."""
+    (:mod:`report_atari5`) of each that has an Atari-5 game, all of these in one block;
+    each kind of table between its own markers."""
     if args.supplement:
         raise SystemExit("report: --supplement pools MinAtar seeds; give an Atari suite's "
                          "directories one after another instead")
@@ -399,8 +400,9 @@ def atari_main(args: argparse.Namespace, sources: list[tuple[Suite, Path]]) -> N
         except ValueError as error:
             raise SystemExit(f"report: {error}") from None
         tables.append((table, report_atari.BEGIN, report_atari.END))
-    for suite, path in scored:
-        tables.append((report_atari5.markdown(suite, path, args.reps, args.seed),
+    if scored:  # one block holds every archive's score table, in the order given
+        tables.append(("\n".join(report_atari5.markdown(suite, path, args.reps, args.seed)
+                                 for suite, path in scored),
                        report_atari5.BEGIN, report_atari5.END))
     print("\n".join(table for table, _, _ in tables), end="")
     if args.write:

@@ -131,6 +131,24 @@ def test_the_readme_gets_the_score_table_between_its_markers(tmp_path):
     assert "Atari-5 estimate 35.2%" in text
 
 
+def test_two_archives_are_both_written_into_the_one_block(tmp_path):
+    """APPO's grid and SEED-APPO's live in two archives, and the README has one Atari-5
+    block: it gets both tables, in the order given (the second once replaced the first)."""
+    first, second = tmp_path / "atari5_appo", tmp_path / "atari5_seed_appo"
+    for path, seeds in ((first, [0, 1]), (second, [0])):
+        path.mkdir()
+        dqn_suite(path, seeds)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# distrl\n\n{report_atari5.BEGIN}\nold\n{report_atari5.END}\nkept\n")
+    report.main([str(first), str(second), "--suite", "atari", "--write", str(readme),
+                 "--reps", "100"])
+    text = readme.read_text()
+    block = text[text.index(report_atari5.BEGIN):text.index(report_atari5.END)]
+    assert "old" not in block and text.endswith(f"{report_atari5.END}\nkept\n")
+    assert block.index("(atari5_appo)") < block.index("(atari5_seed_appo)")
+    assert "| Qbert | impala | 2/2 |" in block and "| Qbert | impala | 1/1 |" in block
+
+
 def test_a_readme_without_the_markers_is_refused(tmp_path):
     dqn_suite(tmp_path, [0])
     readme = tmp_path / "README.md"
