@@ -45,7 +45,7 @@ from suite import (
     read_json,
     run_name,
 )
-from suite_runs import RunResult, Suite, frames
+from suite_runs import RunResult, Suite, frames, superseded_failure
 
 BEGIN, END = "<!-- atari-results:start -->", "<!-- atari-results:end -->"
 RUN_CMD = "python run.py"  # as the command column shows it
@@ -99,7 +99,10 @@ def episodes_and_epsilons(run_dir: Path) -> tuple[Episodes | None, np.ndarray | 
     episodes, epsilons = read_episodes_and_epsilons(run_dir)
     if episodes is not None:
         return episodes, epsilons
-    for kept in (run_dir / EPISODES, run_dir / CARRY / EPISODES):
+    kept_files = (run_dir / EPISODES, run_dir / CARRY / EPISODES)
+    if superseded_failure(read_json(run_dir / SUMMARY), run_dir):
+        kept_files = kept_files[::-1]  # the failed attempt's episodes stop where it did
+    for kept in kept_files:
         if kept.is_file():
             columns = episode_columns(kept)
             return (None, None) if columns is None else (columns[:3], columns[3])
@@ -125,6 +128,8 @@ def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> Ata
     level (from the episodes, else from its summary.json's ``reach``) and its ale-py
     timings."""
     summary = read_json(run_dir / SUMMARY)
+    if superseded_failure(summary, run_dir):
+        summary = None  # its carry's attempts hold every attempt's figures
     ale = ale_records(run_dir, summary)
     episodes, epsilons = episodes_and_epsilons(run_dir) if run_dir.is_dir() else (None, None)
     if episodes is not None:

@@ -111,6 +111,8 @@ class Suite:
 def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
     summary = read_json(run_dir / SUMMARY)
     summary = summary if isinstance(summary, dict) else {}
+    if superseded_failure(summary, run_dir):
+        summary = {}  # the carry holds the run now; the failed attempt stays in its record
     status = summary.get("status")
     if status not in ("finished", "failed", LOST, RULED_OUT):
         status = "unfinished"  # stopped, running, or killed before reproduce.py could record
@@ -152,6 +154,20 @@ def read_run(run_dir: Path, agent: str, game: str, seed: int) -> RunResult:
         result.curve_frames = np.asarray(curve.get("frames", []), dtype=np.int64)
         result.curve_returns = np.asarray(curve.get("return_mean", []), dtype=np.float64)
     return result
+
+
+def superseded_failure(summary: object, run_dir: Path) -> bool:
+    """Whether ``summary`` (an archived run's summary.json) records a failed attempt that
+    a later one has resumed: a failed attempt's summary.json (and episodes.csv) stay in
+    the archive until the run ends again, while each stopped attempt after it
+    (``reproduce.py`` resumes a failed run) replaces the carry, whose attempts file lists
+    every attempt, the failed one among them."""
+    if not isinstance(summary, dict) or summary.get("status") != "failed":
+        return False
+    if read_json(run_dir / CARRY / CARRY_MANIFEST) is None:
+        return False
+    carried = [a.get("attempt") or 0 for a in read_attempts(run_dir / CARRY)]
+    return max(carried, default=0) > (summary.get("attempt") or 0)
 
 
 def learner_on_gpu(command: list[str]) -> bool:

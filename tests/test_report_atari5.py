@@ -104,6 +104,30 @@ def test_a_seed_whose_learner_ran_on_a_gpu_is_marked_in_its_row(tmp_path):
     assert "(GPU learner)" not in row_of(table, "BattleZone", "impala")[5]
 
 
+def test_a_failed_run_resumed_since_reads_from_its_carry(tmp_path):
+    """A failed attempt's summary.json stays in the archive while the harness resumes the
+    run; once a later attempt is carried, the run is the carry's (unfinished, at the
+    carry's frames, its wall time every attempt's), not the old failure."""
+    dqn_suite(tmp_path, [0], skip=("Qbert", 0))
+    run = tmp_path / suite.run_name("impala", "Qbert", 0)
+    for path in run.glob("events.out.tfevents.*"):
+        path.unlink()
+    (run / suite.SUMMARY).write_text(json.dumps(
+        {"agent": "impala", "game": "Qbert", "seed": 0, "status": "failed", "exit_code": 1,
+         "attempt": 1, "frames": 2_000_000, "wall_s_total": 600.0}))
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    assert row_of(table, "Qbert", "impala")[5] == "s0 failed (exit 1, 2.0M frames, no episodes)"
+    (run / suite.CARRY).mkdir()
+    (run / suite.CARRY / suite.CARRY_MANIFEST).write_text(json.dumps({"frames": 6_000_000}))
+    (run / suite.CARRY / suite.ATTEMPTS).write_text(
+        json.dumps({"attempt": 1, "status": "failed", "wall_s": 600.0}) + "\n"
+        + json.dumps({"attempt": 2, "status": "stopped", "wall_s": 900.0}) + "\n")
+    result = report.collect(tmp_path).runs["impala", "Qbert", 0]
+    assert (result.status, result.frames, result.wall_s) == ("unfinished", 6_000_000, 1500.0)
+    table = report_atari5.markdown(report.collect(tmp_path), tmp_path, reps=200)
+    assert row_of(table, "Qbert", "impala")[5] == "s0 unfinished (6.0M frames, no episodes)"
+
+
 def test_a_seed_without_all_five_games_gives_no_estimate(tmp_path):
     dqn_suite(tmp_path, [0, 1], skip=("Phoenix", 1))
     # the unfinished run evaluated too, at 0: its evaluation stays out of the game's mean

@@ -1170,6 +1170,34 @@ def test_a_replay_agents_near_greedy_envs_get_their_own_reach_on_the_runs_clock(
     assert row_of(table, "Pong", "apex")[4:6] == ["s0* 5.6M frames, 3h03m", "s0* not reached"]
 
 
+def test_a_failed_run_resumed_since_is_reported_from_its_carry(tmp_path, capsys):
+    """A failed attempt's summary.json and episodes.csv stay in the archive while the
+    harness resumes the run; once a later attempt is carried, the table reads the carry's
+    episodes and calls the run unfinished, not failed where the old attempt stopped."""
+    archive = tmp_path / "pong_runs"
+    archive.mkdir()
+    (archive / suite.GRID).write_text(json.dumps({
+        "suite": "atari", "agents": ["impala"], "games": ["Pong"], "seeds": [0],
+        "games_by_agent": {"impala": ["Pong"]}, "frames": 40_000_000, "overrides": []}))
+    run_dir = write_atari_run(archive, "impala", 0, "failed", pong_episodes(-21.0, 16),
+                              exit_code=1)
+    report.main([str(archive)])
+    assert row_of(capsys.readouterr().out, "Pong", "impala")[4] == \
+        "s0* not reached (failed at 8.0M frames)"
+    carried = run_dir / suite.CARRY
+    carried.mkdir()
+    (carried / suite.CARRY_MANIFEST).write_text(json.dumps({"frames": 20_000_000}))
+    (carried / suite.ATTEMPTS).write_text(
+        json.dumps({"attempt": 1, "status": "failed", "exit_code": 1}) + "\n"
+        + json.dumps({"attempt": 2, "status": "stopped", "exit_code": 143}) + "\n")
+    curve.write_csv(carried / suite.EPISODES, *pong_episodes(20.0))
+    report.main([str(archive)])
+    row = row_of(capsys.readouterr().out, "Pong", "impala")
+    # pong_episodes(20.0): 0 at episode 30 (15.5M frames, 30 x 4 min), +18 at episode 39
+    # (20.0M frames, 39 x 4 min = 2h36m); no attempt records a start: the gap rule's clock
+    assert row[3:6] == ["0/1", "s0* 15.5M frames, 2h00m", "s0* 20.0M frames, 2h36m"]
+
+
 def test_the_pong_table_gives_each_seeds_reach_and_the_mean_evaluation(tmp_path, capsys):
     archive = tmp_path / "atari_runs"
     archive.mkdir()
