@@ -94,13 +94,18 @@ def episodes_of(run_dir: Path) -> Episodes | None:
     return episodes_and_epsilons(run_dir)[0]
 
 
-def episodes_and_epsilons(run_dir: Path) -> tuple[Episodes | None, np.ndarray | None]:
-    """:func:`episodes_of`'s episodes and, where the run logged them, their epsilons."""
+def episodes_and_epsilons(run_dir: Path, superseded: bool | None = None
+                          ) -> tuple[Episodes | None, np.ndarray | None]:
+    """:func:`episodes_of`'s episodes and, where the run logged them, their epsilons.
+    ``superseded``: whether the archive's summary.json is a failure resumed since
+    (:func:`superseded_failure`; read here when not given)."""
     episodes, epsilons = read_episodes_and_epsilons(run_dir)
     if episodes is not None:
         return episodes, epsilons
+    if superseded is None:
+        superseded = superseded_failure(read_json(run_dir / SUMMARY), run_dir)
     kept_files = (run_dir / EPISODES, run_dir / CARRY / EPISODES)
-    if superseded_failure(read_json(run_dir / SUMMARY), run_dir):
+    if superseded:
         kept_files = kept_files[::-1]  # the failed attempt's episodes stop where it did
     for kept in kept_files:
         if kept.is_file():
@@ -128,10 +133,12 @@ def read_atari_run(result: RunResult, run_dir: Path, levels: list[float]) -> Ata
     level (from the episodes, else from its summary.json's ``reach``) and its ale-py
     timings."""
     summary = read_json(run_dir / SUMMARY)
-    if superseded_failure(summary, run_dir):
+    superseded = superseded_failure(summary, run_dir)
+    if superseded:
         summary = None  # its carry's attempts hold every attempt's figures
     ale = ale_records(run_dir, summary)
-    episodes, epsilons = episodes_and_epsilons(run_dir) if run_dir.is_dir() else (None, None)
+    episodes, epsilons = (episodes_and_epsilons(run_dir, superseded) if run_dir.is_dir()
+                          else (None, None))
     if episodes is not None:
         clock, recorded = run_clock(episodes[2], result.spans)
         return AtariRun(result, episodes, reach_record(*episodes, levels, clock), ale,
